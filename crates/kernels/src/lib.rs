@@ -5,4 +5,7 @@
 //! layers call. Kernels are infallible: shapes are checked at the layer boundary, and a kernel
 //! only `debug_assert!`s them.
 
+pub mod attention;
+pub mod matmul;
+pub mod ops;
 pub mod quant;

@@ -1,9 +1,43 @@
-//! Quantized tensor formats as stored in GGUF files (ggml's block formats).
+//! Quantized tensor formats as stored in GGUF files (ggml's block formats), and their
+//! reference kernels.
 //!
 //! A tensor row of `n` elements of type `t` is `n / t.block_size()` blocks of
 //! `t.type_size()` bytes. Type ids follow ggml's `enum ggml_type` so they can be read
 //! straight from a GGUF tensor info.
+//!
+//! This module is the *reference tier* (ggml's `ggml-quants.c` and the `*_generic` kernels of
+//! `ggml-cpu/quants.c`): plain scalar code, obviously correct, checked against vectors from
+//! the Python `gguf` package. Faster tiers are tested against it.
+//!
+//! * [`blocks`]: `#[repr(C)]` block types with ggml's byte layouts, alignment 1, viewed in
+//!   place from GGUF bytes by [`cast_blocks`]; decoders that unpack each bit layout.
+//! * [`dequant`]: [`dequantize_row`] for every type, bit-exact with ggml.
+//! * [`quantize`] and [`q8`]: [`quantize_row`] (float types, Q4_0..Q8_0) and the activation
+//!   quantizers Q8_0 / Q8_1 / Q8_K, byte-exact with ggml.
+//! * [`dot`]: integer dot products `vec_dot_<weight>_<activation>`, one per weight type,
+//!   paired by [`GgmlType::vec_dot_type`].
+//! * [`testing`]: deterministic random rows of every type, for tests.
 
+pub mod blocks;
+pub mod dequant;
+pub mod dot;
+pub mod q8;
+pub mod quantize;
+pub mod testing;
 mod types;
 
-pub use types::GgmlType;
+pub use blocks::{
+    Block, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,
+    BlockQ6_K, BlockQ8_0, BlockQ8_1, BlockQ8_K, F16Le, QK, blocks_as_bytes, cast_blocks,
+    cast_blocks_mut,
+};
+pub use dequant::dequantize_row;
+pub use dot::{
+    vec_dot_q2_K_q8_K, vec_dot_q3_K_q8_K, vec_dot_q4_0_q8_0, vec_dot_q4_1_q8_1, vec_dot_q4_K_q8_K,
+    vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1, vec_dot_q5_K_q8_K, vec_dot_q6_K_q8_K, vec_dot_q8_0_q8_0,
+};
+pub use q8::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_K};
+pub use quantize::{
+    quantize_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,
+};
+pub use types::{GgmlType, QK_K};

@@ -92,7 +92,7 @@ impl GgmlType {
     }
 
     /// Elements per block.
-    pub fn block_size(self) -> usize {
+    pub const fn block_size(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 32,
@@ -107,7 +107,7 @@ impl GgmlType {
     }
 
     /// Bytes per block.
-    pub fn type_size(self) -> usize {
+    pub const fn type_size(self) -> usize {
         match self {
             GgmlType::F32 => 4,
             GgmlType::F16 | GgmlType::BF16 => 2,
@@ -126,11 +126,38 @@ impl GgmlType {
         }
     }
 
+    /// The activation format this weight type's integer dot product pairs with (ggml's
+    /// `vec_dot_type`): Q4_0/Q5_0/Q8_0 with Q8_0, Q4_1/Q5_1 with Q8_1 (whose block sum carries
+    /// the offsets), the k-quants with Q8_K. `None` for the float types and for the activation
+    /// formats Q8_1/Q8_K, which are never weights.
+    pub const fn vec_dot_type(self) -> Option<GgmlType> {
+        match self {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => Some(GgmlType::Q8_0),
+            GgmlType::Q4_1 | GgmlType::Q5_1 => Some(GgmlType::Q8_1),
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+                Some(GgmlType::Q8_K)
+            }
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 | GgmlType::Q8_1 | GgmlType::Q8_K => {
+                None
+            }
+        }
+    }
+
+    /// Whether [`crate::quant::quantize_row`] can produce this type: every type except the
+    /// k-quant weight formats Q2_K..Q6_K, whose iterative scale-search quantizers are not
+    /// ported.
+    pub const fn has_ref_quantizer(self) -> bool {
+        !matches!(
+            self,
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+        )
+    }
+
     /// Bytes taken by `n_elements` elements, or `None` if `n_elements` is not a whole number of
     /// blocks or the size overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if n_elements % bs != 0 {
+        if !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size() as u64)

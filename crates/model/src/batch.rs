@@ -1,0 +1,40 @@
+//! What one forward pass computes: plain data, built by the caller (the engine's scheduler
+//! output, or `generate`'s loop).
+//!
+//! A batch is a list of [`SeqChunk`]s. Each chunk is a run of consecutive tokens of one
+//! sequence — a whole prompt, a prefill chunk, or one decode token — starting at `start_pos`
+//! and attending to all earlier positions of that sequence through its block table. There is
+//! no prefill or decode mode: a decode step is a chunk of length 1.
+
+/// Which logits a chunk wants back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill chunk that is not the prompt's last).
+    None,
+    /// The last token's (to sample the next token).
+    Last,
+    /// Every token's (prompt logprobs, teacher forcing).
+    All,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// Token ids, `[len]`.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]` in its sequence; earlier positions are already in the cache.
+    pub start_pos: usize,
+    /// The sequence's KV blocks, covering at least `start_pos + tokens.len()` positions.
+    pub block_table: &'a [u32],
+    pub logits: LogitsWanted,
+}
+
+impl SeqChunk<'_> {
+    /// Rows of logits this chunk produces.
+    pub fn n_logits(&self) -> usize {
+        match self.logits {
+            LogitsWanted::None => 0,
+            LogitsWanted::Last => 1,
+            LogitsWanted::All => self.tokens.len(),
+        }
+    }
+}

