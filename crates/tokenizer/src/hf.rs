@@ -1,0 +1,251 @@
+//! Building a [`Tokenizer`] from a Hugging Face model folder.
+//!
+//! - `tokenizer.json` (required) is loaded by the `tokenizers` crate as is.
+//! - `tokenizer_config.json` (optional): `bos_token`/`eos_token` (a string or an
+//!   `{"content": ...}` object), `add_bos_token`/`add_eos_token`, `chat_template` (a string, or
+//!   a list of `{"name", "template"}` of which `default` or the first is used).
+//! - `chat_template.jinja` (optional): the template of newer repositories.
+//! - `generation_config.json` (optional): `eos_token_id` (an id or a list) adds stop tokens.
+//!
+//! BOS/EOS on `encode(.., add_special_tokens=true)`: when `tokenizer_config.json` states
+//! `add_bos_token` or `add_eos_token`, that decides (the `tokenizer.json` post-processor is
+//! dropped, as transformers' Llama tokenizers rebuild it from those flags); otherwise the
+//! `tokenizer.json` post-processor is used as is (Llama 3 adds `<|begin_of_text|>` that way).
+//!
+//! Decoding: the decoders LLM tokenizers use (`ByteLevel`; `Metaspace`; `Sequence` of
+//! `Replace(▁, " ")`, `ByteFallback`, `Fuse`, `Strip(" ", n, 0)`) are turned into a
+//! [`PieceTable`], so decoding and streaming work exactly as for GGUF vocabularies. Any other
+//! decoder falls back to the `tokenizers` decoder and a windowed incremental decoder.
+
+use std::path::Path;
+use std::str::FromStr;
+
+use serde_json::Value;
+use tokenizers::Tokenizer as HfTokenizer;
+use tokenizers::processors::PostProcessorWrapper;
+
+use crate::build::EOG_TEXTS;
+use crate::chat::ChatTemplate;
+use crate::error::TokenizerError;
+use crate::gguf_vocab::check_vocab_size;
+use crate::pieces::{PieceStyle, PieceTable, piece_bytes};
+use crate::{Decoding, SpecialTokens, Tokenizer};
+
+pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
+    let tj_path = dir.join("tokenizer.json");
+    let text = std::fs::read_to_string(&tj_path).map_err(|source| TokenizerError::Io {
+        path: tj_path.clone(),
+        source,
+    })?;
+    let json: Value = serde_json::from_str(&text).map_err(|source| TokenizerError::Json {
+        path: tj_path.clone(),
+        source,
+    })?;
+    let mut inner = HfTokenizer::from_str(&text)?;
+    let config = read_optional_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
+    let gen_config =
+        read_optional_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+    let mut warnings = Vec::new();
+
+    let vocab = inner.get_vocab(true);
+    let vocab_size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+    check_vocab_size(vocab_size)?;
+
+    let mut lookup = |key: &str| -> Option<u32> {
+        let text = token_text(config.get(key)?)?;
+        let id = inner.token_to_id(&text);
+        if id.is_none() {
+            warnings.push(format!(
+                "tokenizer_config.json {key} {text:?} is not in the vocabulary"
+            ));
+        }
+        id
+    };
+    let bos = lookup("bos_token");
+    let eos = lookup("eos_token");
+
+    let add_bos_cfg = config.get("add_bos_token").and_then(Value::as_bool);
+    let add_eos_cfg = config.get("add_eos_token").and_then(Value::as_bool);
+    let hf_post_processor = add_bos_cfg.is_none() && add_eos_cfg.is_none();
+    let (add_bos, add_eos) = (add_bos_cfg.unwrap_or(false), add_eos_cfg.unwrap_or(false));
+    if !hf_post_processor {
+        inner.with_post_processor(None::<PostProcessorWrapper>);
+    }
+    if add_bos && bos.is_none() {
+        return Err(TokenizerError::MissingMetadata(
+            "tokenizer_config.json bos_token",
+        ));
+    }
+    if add_eos && eos.is_none() {
+        return Err(TokenizerError::MissingMetadata(
+            "tokenizer_config.json eos_token",
+        ));
+    }
+
+    let added = inner.get_added_vocabulary();
+    let is_special_id = |id: u32| {
+        inner
+            .id_to_token(id)
+            .is_some_and(|t| added.is_special_token(&t))
+    };
+    let mut stop = Vec::new();
+    let gen_eos = match gen_config.get("eos_token_id") {
+        Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_u64).collect(),
+        Some(v) => v.as_u64().into_iter().collect(),
+        None => Vec::new(),
+    };
+    let gen_eos = gen_eos
+        .into_iter()
+        .filter_map(|id| u32::try_from(id).ok())
+        .filter(|&id| (id as usize) < vocab_size);
+    let eog = EOG_TEXTS
+        .iter()
+        .filter_map(|t| inner.token_to_id(t))
+        .filter(|&id| is_special_id(id));
+    for id in eos.into_iter().chain(gen_eos).chain(eog) {
+        if !stop.contains(&id) {
+            stop.push(id);
+        }
+    }
+
+    let decoding = match json.get("decoder").and_then(piece_style) {
+        Some((style, strip)) => {
+            let mut pieces = PieceTable::new(strip);
+            for (token, &id) in &vocab {
+                pieces.set(id, piece_bytes(style, token), added.is_special_token(token));
+            }
+            Decoding::Pieces(pieces)
+        }
+        None => Decoding::Hf,
+    };
+
+    let template_source = match config.get("chat_template") {
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::Array(list)) => {
+            let named = |name: Option<&str>| {
+                list.iter()
+                    .find(|t| name.is_none() || t.get("name").and_then(Value::as_str) == name)
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            };
+            named(Some("default")).or_else(|| named(None))
+        }
+        _ => {
+            let path = dir.join("chat_template.jinja");
+            match std::fs::read_to_string(&path) {
+                Ok(s) => Some(s),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                Err(source) => return Err(TokenizerError::Io { path, source }),
+            }
+        }
+    };
+    let text_of = |id: Option<u32>| id.and_then(|id| inner.id_to_token(id));
+    let chat_template = match template_source {
+        Some(src) => match ChatTemplate::new(&src, text_of(bos), text_of(eos)) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                warnings.push(format!("chat template unusable: {e}"));
+                None
+            }
+        },
+        None => None,
+    };
+
+    Ok(Tokenizer {
+        inner,
+        decoding,
+        vocab_size,
+        specials: SpecialTokens {
+            bos,
+            eos,
+            add_bos,
+            add_eos,
+            stop,
+        },
+        hf_post_processor,
+        chat_template,
+        warnings,
+    })
+}
+
+fn read_optional_json(path: &Path) -> Result<Option<Value>, TokenizerError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| TokenizerError::Json {
+                path: path.to_owned(),
+                source,
+            }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(TokenizerError::Io {
+            path: path.to_owned(),
+            source,
+        }),
+    }
+}
+
+/// A special token in `tokenizer_config.json`: `"<s>"` or `{"content": "<s>", ...}`.
+fn token_text(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
+    }
+}
+
+/// Recognises the decoders that reduce to per-token bytes; returns the style and how many
+/// leading spaces of the output to strip.
+fn piece_style(decoder: &Value) -> Option<(PieceStyle, usize)> {
+    let ty = decoder.get("type")?.as_str()?;
+    match ty {
+        "ByteLevel" => Some((PieceStyle::ByteLevel, 0)),
+        "Metaspace" => {
+            if decoder.get("replacement").and_then(Value::as_str) != Some("\u{2581}") {
+                return None;
+            }
+            let prepends = match decoder.get("prepend_scheme").and_then(Value::as_str) {
+                Some(scheme) => scheme != "never",
+                None => decoder
+                    .get("add_prefix_space")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true),
+            };
+            Some((
+                PieceStyle::SentencePiece {
+                    byte_fallback: false,
+                },
+                usize::from(prepends),
+            ))
+        }
+        "Sequence" => {
+            let steps = decoder.get("decoders")?.as_array()?;
+            let (mut replace, mut byte_fallback, mut strip) = (false, false, 0usize);
+            for (i, step) in steps.iter().enumerate() {
+                match step.get("type")?.as_str()? {
+                    "Replace" => {
+                        let pattern = step.get("pattern")?.get("String")?.as_str()?;
+                        let content = step.get("content")?.as_str()?;
+                        if replace || byte_fallback || pattern != "\u{2581}" || content != " " {
+                            return None;
+                        }
+                        replace = true;
+                    }
+                    "ByteFallback" => byte_fallback = true,
+                    "Fuse" => {}
+                    "Strip" => {
+                        let content = step.get("content")?.as_str()?;
+                        let stop = step.get("stop")?.as_u64()?;
+                        if content != " " || stop != 0 || i + 1 != steps.len() {
+                            return None;
+                        }
+                        strip = usize::try_from(step.get("start")?.as_u64()?).ok()?;
+                    }
+                    _ => return None,
+                }
+            }
+            replace.then_some((PieceStyle::SentencePiece { byte_fallback }, strip))
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,96 @@
+//! Tokenizers loaded from Hugging Face folders (`tokenizer.json` + configs).
+
+mod common;
+
+use common::{check_stream, stream};
+use tokenmill_tokenizer::{Tokenizer, TokenizerError};
+
+#[test]
+fn hf_folder_round_trip() {
+    // Write the SmolLM2 tokenizer out as a tokenizer.json folder and load it back.
+    let gguf = common::smollm2();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer.json"),
+        gguf.hf_tokenizer().to_string(false).unwrap(),
+    )
+    .unwrap();
+    let template = gguf.chat_template().unwrap().source().to_owned();
+    let config = serde_json::json!({
+        "bos_token": {"content": "<|im_start|>", "special": true},
+        "eos_token": "<|im_end|>",
+        "add_bos_token": false,
+        "chat_template": template,
+    });
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("generation_config.json"),
+        r#"{"eos_token_id": [2, 0]}"#,
+    )
+    .unwrap();
+
+    let hf = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!(hf.vocab_size(), gguf.vocab_size());
+    assert_eq!((hf.bos_token_id(), hf.eos_token_id()), (Some(1), Some(2)));
+    assert_eq!(hf.stop_token_ids(), [2, 0]);
+    assert!(hf.warnings().is_empty(), "{:?}", hf.warnings());
+    let fx = common::fixture("tokenize.json");
+    for case in fx["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        let ids = gguf.encode(text, true).unwrap();
+        assert_eq!(hf.encode(text, true).unwrap(), ids, "{text:?}");
+        assert_eq!(
+            hf.decode(&ids, false).unwrap(),
+            gguf.decode(&ids, false).unwrap()
+        );
+        check_stream(&hf, &ids, true);
+    }
+    let msgs = [tokenmill_tokenizer::ChatMessage::new("user", "hi")];
+    assert_eq!(
+        hf.chat_template().unwrap().render(&msgs, true).unwrap(),
+        gguf.chat_template().unwrap().render(&msgs, true).unwrap()
+    );
+
+    // add_bos_token = true: BOS comes from this crate, once.
+    let config = serde_json::json!({"bos_token": "<|im_start|>", "add_bos_token": true});
+    std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+    let hf = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    assert_eq!(hf.encode("hi", true).unwrap(), [1, 6004]);
+    assert_eq!(hf.encode("hi", false).unwrap(), [6004]);
+
+    // No tokenizer.json: a typed I/O error.
+    let empty = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        Tokenizer::from_hf_dir(empty.path()),
+        Err(TokenizerError::Io { .. })
+    ));
+}
+
+#[test]
+fn hf_folder_with_an_unrecognised_decoder_still_streams() {
+    // A WordPiece-style decoder is not a byte table: decoding goes through `tokenizers` and the
+    // windowed incremental decoder.
+    let gguf = common::smollm2();
+    let mut json: serde_json::Value =
+        serde_json::from_str(&gguf.hf_tokenizer().to_string(false).unwrap()).unwrap();
+    json["decoder"] = serde_json::json!({"type": "Sequence", "decoders": [{"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true}]});
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), json.to_string()).unwrap();
+    let hf = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    for text in [
+        "Hello 👨\u{200d}👩\u{200d}👧 日本語 world",
+        "<|im_start|>user\nhi<|im_end|>",
+    ] {
+        let ids = hf.encode(text, false).unwrap();
+        let (pushes, tail) = stream(&hf, &ids, false);
+        assert_eq!(pushes.concat() + &tail, text);
+        for p in &pushes {
+            assert!(!p.contains(char::REPLACEMENT_CHARACTER));
+        }
+    }
+    assert!(matches!(
+        hf.decode(&[u32::MAX], false),
+        Err(TokenizerError::TokenOutOfRange(_))
+    ));
+    assert_eq!(hf.token_to_piece(2).as_deref(), Some("<|im_end|>"));
+}
