@@ -8,12 +8,14 @@ mod batch;
 mod config;
 mod kv_cache;
 mod llama;
+mod profile;
 mod weights;
 
 pub use batch::{LogitsWanted, SeqChunk};
 pub use config::{Arch, ModelConfig, RopeScaling};
 pub use kv_cache::KvCache;
 pub use llama::{LlamaModel, Workspace};
+pub use profile::{OpKind, OpProfile};
 
 /// Why a model could not be loaded or a batch could not run.
 #[derive(Debug, thiserror::Error)]
