@@ -5,7 +5,7 @@
 //! order, so position `p` lives in block `block_table[p / block_size]`, slot `p % block_size`.
 //!
 //! The plain tier here walks the context once per (query, head) with an online softmax
-//! (running max and sum, as in FlashAttention, https://arxiv.org/abs/2205.14135) so no score
+//! (running max and sum, as in FlashAttention, <https://arxiv.org/abs/2205.14135>) so no score
 //! buffer is needed. Grouped-query attention maps query head `h` to KV head
 //! `h / (n_heads / n_kv_heads)`.
 

@@ -4,8 +4,20 @@
 //! native format (`matmul`), and the element-wise / normalisation / attention ops the model
 //! layers call. Kernels are infallible: shapes are checked at the layer boundary, and a kernel
 //! only `debug_assert!`s them.
+//!
+//! Performance plumbing, both process-wide and initialised lazily on first use:
+//! * [`dispatch`]: the kernel table of the best SIMD tier this CPU supports (AVX-512 VNNI,
+//!   AVX-VNNI, AVX2, scalar), detected once; the raw SIMD kernels live in the private `simd`
+//!   module and are only reachable through it;
+//! * [`pool`]: one persistent thread pool (`parallel_for`) for every op; the binary may call
+//!   [`pool::set_num_threads`] once at start-up (`--threads`), default = available cores.
 
 pub mod attention;
+pub mod dispatch;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod quant;
+mod simd;
+
+pub use simd::MAX_ROWS;

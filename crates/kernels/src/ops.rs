@@ -64,7 +64,7 @@ pub enum RopeStyle {
 }
 
 /// Rotates the first `2 * inv_freq.len()` dims of each `head_dim`-sized head in `x` by
-/// angle `pos * inv_freq[i]` (RoFormer, https://arxiv.org/abs/2104.09864).
+/// angle `pos * inv_freq[i]` (RoFormer, <https://arxiv.org/abs/2104.09864>).
 ///
 /// `x` holds the heads of one token, `[n_heads, head_dim]`; dims past the rotary part
 /// (partial rotary) are left as they are.

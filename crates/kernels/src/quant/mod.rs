@@ -16,8 +16,11 @@
 //!   quantizers Q8_0 / Q8_1 / Q8_K, byte-exact with ggml.
 //! * [`dot`]: integer dot products `vec_dot_<weight>_<activation>`, one per weight type,
 //!   paired by [`GgmlType::vec_dot_type`].
+//! * [`a16`]: tokenmill's 16-bit activation format A16 (not a ggml type), the partner of the
+//!   32-element weight formats in `matmul`, with its reference quantizer and dot products.
 //! * [`testing`]: deterministic random rows of every type, for tests.
 
+pub mod a16;
 pub mod blocks;
 pub mod dequant;
 pub mod dot;
@@ -26,6 +29,11 @@ pub mod quantize;
 pub mod testing;
 mod types;
 
+pub use a16::{
+    A16_BYTES, BlockA16, a16_as_bytes, a16_blocks, a16_blocks_mut, dequantize_row_a16,
+    quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q5_0_a16, vec_dot_q5_1_a16,
+    vec_dot_q8_0_a16,
+};
 pub use blocks::{
     Block, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,
     BlockQ6_K, BlockQ8_0, BlockQ8_1, BlockQ8_K, F16Le, QK, blocks_as_bytes, cast_blocks,

@@ -1,0 +1,70 @@
+//! Rough per-matmul timings with the default model's shapes (SmolLM2-135M: hidden 576, ffn
+//! 1536, Q4_1 layers, Q8_0 vocab projection of 49152 rows). Not a benchmark harness and never
+//! an assertion — a quick look at one tier and pool size:
+//!
+//! ```text
+//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier]
+//! ```
+//!
+//! `tier` is `scalar`, `avx2`, `avx-vnni` or `avx512-vnni` (default: the best supported).
+//! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
+//! token, and multiply-adds per second.
+
+use std::time::Instant;
+
+use tokenmill_kernels::dispatch::{Kernels, Tier};
+use tokenmill_kernels::matmul::{QMatrix, matmul_with};
+use tokenmill_kernels::pool::ThreadPool;
+use tokenmill_kernels::quant::GgmlType;
+use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).map_or(1, |s| s.parse().expect("threads"));
+    let tokens: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));
+    let tier = match args.get(3) {
+        Some(name) => *Tier::ALL
+            .iter()
+            .find(|t| t.name() == name)
+            .expect("a tier name"),
+        None => Tier::best(),
+    };
+    let kernels = Kernels::new(tier).expect("a tier this CPU supports");
+    let pool = ThreadPool::new(threads);
+    let mut rng = SplitMix64::new(1);
+    for (ty, n, k) in [
+        (GgmlType::Q4_1, 576, 576),
+        (GgmlType::Q4_1, 1536, 576),
+        (GgmlType::Q4_1, 576, 1536),
+        (GgmlType::Q8_0, 49152, 576),
+    ] {
+        let w: Vec<u8> = (0..n)
+            .flat_map(|_| random_weight_row(&mut rng, ty, k))
+            .collect();
+        let x = random_f32_row(&mut rng, tokens * k, 1.0);
+        let mut out = vec![0f32; tokens * n];
+        let m = QMatrix {
+            ty,
+            rows: n,
+            cols: k,
+            data: &w,
+        };
+        let macs = (n * k * tokens) as f64;
+        let reps = ((2e8 / macs) as usize).max(2);
+        matmul_with(&pool, &kernels, &x, &m, &mut out);
+        let mut best = f64::MAX;
+        for _ in 0..5 {
+            let t0 = Instant::now();
+            for _ in 0..reps {
+                matmul_with(&pool, &kernels, &x, &m, &mut out);
+            }
+            best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
+        }
+        println!(
+            "{tier} {threads} threads, {tokens} tokens, {ty} {n}x{k}: {:9.1} µs {:6.2} ns/block {:6.1} GMAC/s",
+            best * 1e6,
+            best * 1e9 / (macs / 32.0),
+            macs / best / 1e9
+        );
+    }
+}

@@ -1,0 +1,394 @@
+//! The kernel table: CPU features detected **once**, kernels chosen into function pointers.
+//!
+//! As ggml's three tiers (reference `ggml-quants.c`, generic `ggml-cpu/quants.c`, SIMD
+//! `ggml-cpu/arch/x86/quants.c`) selected once at load: [`kernels()`] detects the best
+//! [`Tier`] on first use (a `OnceLock`) and every op after that is an indirect call through
+//! the returned [`Kernels`]. `is_x86_feature_detected!` is only ever evaluated by
+//! [`Tier::is_supported`], i.e. when a table is built — never per op.
+//!
+//! Soundness: the SIMD entry points are `unsafe` because they need their tier's CPU features.
+//! A [`Kernels`] value can only be made by [`Kernels::new`], which checks
+//! [`Tier::is_supported`] first, so every function pointer inside is safe to call on this CPU
+//! and the safe methods here check the buffer lengths the raw kernels rely on.
+//!
+//! | weight type | scalar | AVX2 / AVX-VNNI / AVX-512 VNNI |
+//! |---|---|---|
+//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · A16 (matmul) | reference | SIMD, up to 4 activation rows per weight block |
+//! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · Q8_0/Q8_1 (ggml) | reference | SIMD, up to 4 activation rows per weight block |
+//! | Q4_K, Q5_K, Q6_K | reference | SIMD, bit-identical to the reference |
+//! | Q2_K, Q3_K | reference | reference |
+//! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |
+//! | Q8_K activation quantizer | reference | reference |
+//! | f32 dot | scalar | FMA |
+
+use std::sync::OnceLock;
+
+use crate::quant::GgmlType;
+use crate::simd::{MAX_ROWS, TierFns, scalar};
+
+/// A kernel tier, from the most portable to the fastest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tier {
+    /// Plain Rust: the reference twins. Every CPU.
+    Scalar,
+    /// AVX2 + FMA + F16C, `maddubs`/`madd` integer dots.
+    Avx2,
+    /// [`Tier::Avx2`] with AVX-VNNI `vpdpbusd` (VEX encoded; Alder Lake, Zen 5 ...).
+    AvxVnni,
+    /// AVX-512 F + BW + VL + VNNI (and AVX2 + FMA + F16C): EVEX `vpdpbusd`.
+    Avx512Vnni,
+}
+
+impl Tier {
+    /// Every tier, fastest first.
+    pub const ALL: [Tier; 4] = [Tier::Avx512Vnni, Tier::AvxVnni, Tier::Avx2, Tier::Scalar];
+
+    /// Whether this CPU has the tier's features (runs feature detection: call it when building
+    /// a table, not per op).
+    pub fn is_supported(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+            match self {
+                Tier::Scalar => true,
+                Tier::Avx2 => avx2,
+                Tier::AvxVnni => avx2 && has!("avxvnni"),
+                Tier::Avx512Vnni => {
+                    avx2 && has!("avx512f")
+                        && has!("avx512bw")
+                        && has!("avx512vl")
+                        && has!("avx512vnni")
+                }
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == Tier::Scalar
+        }
+    }
+
+    /// The fastest tier this CPU supports.
+    pub fn best() -> Tier {
+        Tier::ALL
+            .into_iter()
+            .find(|t| t.is_supported())
+            .unwrap_or(Tier::Scalar)
+    }
+
+    /// Every tier this CPU supports, fastest first (for differential tests and benchmarks).
+    pub fn supported() -> Vec<Tier> {
+        Tier::ALL.into_iter().filter(|t| t.is_supported()).collect()
+    }
+
+    /// A short lowercase name (`"avx512-vnni"`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Scalar => "scalar",
+            Tier::Avx2 => "avx2",
+            Tier::AvxVnni => "avx-vnni",
+            Tier::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An activation format an integer dot product takes: ggml's Q8_0 / Q8_1 / Q8_K (the
+/// `vec_dot_type` partners, bit-compatible with ggml) or tokenmill's 16-bit
+/// [A16](crate::quant::a16), which `matmul` uses for the 32-element weight formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum ActFormat {
+    Q8_0,
+    Q8_1,
+    Q8_K,
+    A16,
+}
+
+impl ActFormat {
+    /// Values per block.
+    pub const fn block_size(self) -> usize {
+        match self {
+            ActFormat::Q8_K => crate::quant::QK_K,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            ActFormat::Q8_0 => 34,
+            ActFormat::Q8_1 => 36,
+            ActFormat::Q8_K => 292,
+            ActFormat::A16 => crate::quant::A16_BYTES,
+        }
+    }
+
+    /// ggml's partner of weight type `ty` (`GgmlType::vec_dot_type`), if any.
+    pub fn ggml_partner(ty: GgmlType) -> Option<ActFormat> {
+        match ty.vec_dot_type()? {
+            GgmlType::Q8_0 => Some(ActFormat::Q8_0),
+            GgmlType::Q8_1 => Some(ActFormat::Q8_1),
+            GgmlType::Q8_K => Some(ActFormat::Q8_K),
+            _ => None,
+        }
+    }
+
+    /// The format `matmul` quantizes activations to for weight type `ty`: A16 for the
+    /// 32-element formats, Q8_K for the k-quants; `None` for float weights.
+    pub fn for_matmul(ty: GgmlType) -> Option<ActFormat> {
+        match ActFormat::ggml_partner(ty)? {
+            ActFormat::Q8_K => Some(ActFormat::Q8_K),
+            _ => Some(ActFormat::A16),
+        }
+    }
+
+    /// The dequantized values of activation bytes `a` (whole blocks), for tests.
+    pub fn dequantize(self, a: &[u8], dst: &mut [f32]) {
+        match self {
+            ActFormat::Q8_0 => crate::quant::dequantize_row(GgmlType::Q8_0, a, dst),
+            ActFormat::Q8_1 => crate::quant::dequantize_row(GgmlType::Q8_1, a, dst),
+            ActFormat::Q8_K => crate::quant::dequantize_row(GgmlType::Q8_K, a, dst),
+            ActFormat::A16 => crate::quant::dequantize_row_a16(crate::quant::a16_blocks(a), dst),
+        }
+    }
+}
+
+/// One tier's kernels. Only exists for tiers this CPU supports (see the module docs).
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    tier: Tier,
+    fns: TierFns,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").field("tier", &self.tier).finish()
+    }
+}
+
+static KERNELS: OnceLock<Kernels> = OnceLock::new();
+
+/// The process-wide kernel table of the best tier this CPU supports, detected on first call.
+pub fn kernels() -> &'static Kernels {
+    KERNELS.get_or_init(|| Kernels::new(Tier::best()).expect("the best tier is supported"))
+}
+
+/// Fixes the process-wide tier before first use (e.g. a `--kernels scalar` debugging switch).
+/// Returns `false` if the tier is unsupported or the table was already initialised with
+/// another tier.
+pub fn init_kernels(tier: Tier) -> bool {
+    match Kernels::new(tier) {
+        Some(k) => KERNELS.get_or_init(|| k).tier == tier,
+        None => false,
+    }
+}
+
+/// A dot kernel resolved for one (weight type, activation format) pair: what a matmul looks up
+/// once and then calls per tile of (weight rows × up to [`MAX_ROWS`] activation rows).
+#[derive(Clone, Copy)]
+pub struct DotKernel {
+    f: crate::simd::DotTileFn,
+    /// Elements per block.
+    pub block_size: usize,
+    /// Bytes per weight block.
+    pub w_block_bytes: usize,
+    /// The activation format.
+    pub act: ActFormat,
+    /// Bytes per activation block.
+    pub a_block_bytes: usize,
+    quantize: crate::simd::QuantizeFn,
+}
+
+impl DotKernel {
+    /// Checks the read side of a tile: `n_w` contiguous weight rows of `nb` blocks in `w`,
+    /// `n_a` activation rows of `nb` blocks at stride `a_stride` in `a`.
+    #[inline]
+    fn check_inputs(&self, nb: usize, w: &[u8], n_w: usize, a: &[u8], a_stride: usize, n_a: usize) {
+        assert!((1..=MAX_ROWS).contains(&n_a), "{n_a} activation rows");
+        assert_eq!(w.len(), n_w * nb * self.w_block_bytes, "weight rows bytes");
+        assert!(
+            a_stride >= nb * self.a_block_bytes
+                && a.len() >= (n_a - 1) * a_stride + nb * self.a_block_bytes,
+            "activation rows"
+        );
+    }
+
+    /// The tile `out[j * out_stride + i] = vec_dot(w_i, a_j)` for `i < n_w`, `j < n_a`: `w`
+    /// holds `n_w` contiguous weight rows of `nb` blocks, activation row `j` starts at
+    /// `a[j * a_stride..]`.
+    ///
+    /// Panics if an input length does not fit or `n_a` is not in `1..=MAX_ROWS`.
+    ///
+    /// # Safety
+    ///
+    /// `out` must be valid for writes at every `j * out_stride + i` above, and no other
+    /// thread may access those elements during the call. (A raw pointer, so tasks can write
+    /// disjoint columns of one output matrix.)
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn dot_tile(
+        &self,
+        nb: usize,
+        w: &[u8],
+        n_w: usize,
+        a: &[u8],
+        a_stride: usize,
+        n_a: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        self.check_inputs(nb, w, n_w, a, a_stride, n_a);
+        let tile = crate::simd::Tile {
+            nb,
+            w: w.as_ptr(),
+            w_stride: nb * self.w_block_bytes,
+            n_w,
+            a: a.as_ptr(),
+            a_stride,
+            n_a,
+            out,
+            out_stride,
+        };
+        // SAFETY: inputs checked above, outputs guaranteed by the caller; `Kernels::new`
+        // checked the tier's CPU features.
+        unsafe { (self.f)(&tile) }
+    }
+
+    /// `out[j] = vec_dot(w, a_j)` for `j < out.len()` (`1..=MAX_ROWS` rows), where `w` is one
+    /// weight row of `nb` blocks and activation row `j` starts at `a[j * a_stride..]`.
+    ///
+    /// Panics if a length does not fit `nb` blocks.
+    #[inline]
+    pub fn dot_rows(&self, nb: usize, w: &[u8], a: &[u8], a_stride: usize, out: &mut [f32]) {
+        // SAFETY: one weight row, so the outputs are `out[j]`, `j < out.len()`, and `out` is
+        // borrowed mutably.
+        unsafe { self.dot_tile(nb, w, 1, a, a_stride, out.len(), out.as_mut_ptr(), 1) }
+    }
+
+    /// The tile of [`dot_tile`](Self::dot_tile) into `out` (`[n_a, out_stride]` row-major,
+    /// `out_stride >= n_w`). Panics on mismatched lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dot_tile_into(
+        &self,
+        nb: usize,
+        w: &[u8],
+        n_w: usize,
+        a: &[u8],
+        a_stride: usize,
+        n_a: usize,
+        out: &mut [f32],
+        out_stride: usize,
+    ) {
+        assert!(out_stride >= n_w && out.len() >= (n_a.max(1) - 1) * out_stride + n_w);
+        // SAFETY: every `j * out_stride + i` is inside `out` (checked), borrowed mutably.
+        unsafe { self.dot_tile(nb, w, n_w, a, a_stride, n_a, out.as_mut_ptr(), out_stride) }
+    }
+
+    /// Quantizes `x` (`nb` blocks of `block_size` values) into `y` (`nb` activation blocks).
+    ///
+    /// Panics if the lengths do not match.
+    #[inline]
+    pub fn quantize(&self, x: &[f32], y: &mut [u8]) {
+        assert_eq!(x.len() % self.block_size, 0);
+        assert_eq!(x.len() / self.block_size * self.a_block_bytes, y.len());
+        // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.quantize)(x, y) }
+    }
+}
+
+impl Kernels {
+    /// The table of `tier`, or `None` if this CPU lacks its features.
+    pub fn new(tier: Tier) -> Option<Kernels> {
+        if !tier.is_supported() {
+            return None;
+        }
+        let fns = match tier {
+            Tier::Scalar => scalar::fns(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx2 => crate::simd::x86::tiers::avx2::fns(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::AvxVnni => crate::simd::x86::tiers::avx_vnni::fns(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Avx512Vnni => crate::simd::x86::tiers::avx512_vnni::fns(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => unreachable!("only the scalar tier is supported off x86-64"),
+        };
+        Some(Kernels { tier, fns })
+    }
+
+    /// This table's tier.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The integer dot kernel of weight type `ty` against activation format `act`, or `None`
+    /// if there is none (float weights; A16 with a k-quant; Q8 with the wrong partner).
+    pub fn dot_kernel(&self, ty: GgmlType, act: ActFormat) -> Option<DotKernel> {
+        let f = if act == ActFormat::A16 {
+            self.fns.dots_a16[ty as usize]?
+        } else if ActFormat::ggml_partner(ty) == Some(act) {
+            self.fns.dots[ty as usize]?
+        } else {
+            return None;
+        };
+        Some(DotKernel {
+            f,
+            block_size: ty.block_size(),
+            w_block_bytes: ty.type_size(),
+            act,
+            a_block_bytes: act.block_bytes(),
+            quantize: self.quantizer(act),
+        })
+    }
+
+    /// The kernel `matmul` uses for weight type `ty` (activation format
+    /// [`ActFormat::for_matmul`]), or `None` for float weights.
+    pub fn matmul_kernel(&self, ty: GgmlType) -> Option<DotKernel> {
+        self.dot_kernel(ty, ActFormat::for_matmul(ty)?)
+    }
+
+    fn quantizer(&self, act: ActFormat) -> crate::simd::QuantizeFn {
+        match act {
+            ActFormat::Q8_0 => self.fns.quantize_q8_0,
+            ActFormat::Q8_1 => self.fns.quantize_q8_1,
+            ActFormat::Q8_K => self.fns.quantize_q8_K,
+            ActFormat::A16 => self.fns.quantize_a16,
+        }
+    }
+
+    /// `vec_dot(w, a)` of one weight row of `n` elements of type `ty` with one activation row
+    /// `a` in format `act`.
+    ///
+    /// Panics if there is no such kernel or the lengths do not match `n`.
+    pub fn vec_dot(&self, ty: GgmlType, act: ActFormat, n: usize, w: &[u8], a: &[u8]) -> f32 {
+        let k = self.dot_kernel(ty, act).expect("a kernel for this pair");
+        assert_eq!(n % k.block_size, 0, "{n} elements of {ty}");
+        let nb = n / k.block_size;
+        assert_eq!(a.len(), nb * k.a_block_bytes, "activation bytes");
+        let mut out = [0f32];
+        k.dot_rows(nb, w, a, a.len(), &mut out);
+        out[0]
+    }
+
+    /// Quantizes `x` into activation format `act`, bytes `y`. Panics on mismatched lengths.
+    pub fn quantize_act(&self, act: ActFormat, x: &[f32], y: &mut [u8]) {
+        assert_eq!(x.len() % act.block_size(), 0);
+        assert_eq!(x.len() / act.block_size() * act.block_bytes(), y.len());
+        // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { self.quantizer(act)(x, y) }
+    }
+
+    /// f32 dot product of two equal-length slices (panics otherwise).
+    #[inline]
+    pub fn dot_f32(&self, a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        // SAFETY: equal lengths; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.fns.dot_f32)(a, b) }
+    }
+}

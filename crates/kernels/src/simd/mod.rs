@@ -1,0 +1,108 @@
+//! The kernel tiers behind [`crate::dispatch::Kernels`]: the portable scalar tier
+//! ([`scalar`], wrapping the reference twins of [`crate::quant::dot`]) and, on x86-64, the
+//! AVX2 / AVX-VNNI / AVX-512 VNNI tiers ([`x86`]).
+//!
+//! Every tier exports the same raw kernel shapes, [`DotTileFn`] and [`QuantizeFn`]; the
+//! dispatch table stores them as function pointers, chosen once by CPU feature detection. The
+//! raw kernels are `unsafe fn`s over raw pointers so the hot loop pays no bounds checks; the
+//! table's safe wrappers check the lengths once per call.
+//!
+//! Invariants every tier keeps (the differential tests in `tests/simd_dot.rs` check them):
+//! * integer sums are exact: a SIMD kernel may only differ from the reference twin in the order
+//!   and grouping of its f32 accumulation;
+//! * the activation quantizers are byte-identical to the reference quantizers of
+//!   [`crate::quant::q8`], so every tier sees the same quantized activations;
+//! * activation quants lie in `-127..=127` (the quantizers never produce -128), which the
+//!   `maddubs` sign trick relies on.
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// Most activation rows one tile kernel call handles: the kernels decode a weight block once
+/// and dot it with up to this many activation rows, so prefill reuses each decoded block.
+pub const MAX_ROWS: usize = 4;
+
+/// A tile of integer dot products: `n_w` weight rows × `n_a` activation rows
+/// (`1 <= n_a <= MAX_ROWS`), as raw pointers — what one [`DotTileFn`] call computes:
+/// `out[j * out_stride + i] = vec_dot(w_i, a_j)`, where weight row `i` is `nb` weight blocks at
+/// `w + i * w_stride` bytes and activation row `j` is `nb` activation blocks at
+/// `a + j * a_stride` bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct Tile {
+    pub nb: usize,
+    pub w: *const u8,
+    pub w_stride: usize,
+    pub n_w: usize,
+    pub a: *const u8,
+    pub a_stride: usize,
+    pub n_a: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+}
+
+impl Tile {
+    /// Stores the results `o` (one per activation row) of weight row `i`.
+    ///
+    /// # Safety
+    ///
+    /// As [`DotTileFn`]: the outputs of the tile are valid for writes.
+    #[inline(always)]
+    pub unsafe fn store(&self, i: usize, o: &[f32]) {
+        for (j, &v) in o.iter().enumerate() {
+            // SAFETY: the caller guarantees the tile's outputs are writable.
+            unsafe { *self.out.add(j * self.out_stride + i) = v };
+        }
+    }
+}
+
+/// Computes a [`Tile`]. The weight-row loop runs inside the tier's kernel, so per-row costs
+/// (an indirect call, length checks) are paid once per tile.
+///
+/// # Safety
+///
+/// Every weight row of the tile must be valid for reads of `nb` weight blocks, every
+/// activation row for reads of `nb` activation blocks, every output valid for writes and not
+/// accessed by anyone else during the call; `1 <= n_a <= MAX_ROWS`; and the CPU must support
+/// the tier's features.
+pub type DotTileFn = unsafe fn(t: &Tile);
+
+/// Quantizes a row of f32 activations into the bytes of `x.len() / block_size` blocks of an
+/// activation format.
+///
+/// # Safety
+///
+/// `x.len()` must be a multiple of the block size, `y.len()` exactly the bytes of
+/// `x.len() / block_size` blocks, and the CPU must support the tier's features.
+pub type QuantizeFn = unsafe fn(x: &[f32], y: &mut [u8]);
+
+/// f32 dot product of two equal-length slices.
+///
+/// # Safety
+///
+/// `a.len() == b.len()`, and the CPU must support the tier's features.
+pub type DotF32Fn = unsafe fn(a: &[f32], b: &[f32]) -> f32;
+
+/// One tier's kernels, as plain function pointers (see [`crate::dispatch::Kernels`], which
+/// only hands a table out on a CPU that has the tier's features).
+#[derive(Clone, Copy)]
+#[allow(non_snake_case)]
+pub struct TierFns {
+    /// Integer dot kernel against ggml's activation partner (`GgmlType::vec_dot_type`), by
+    /// weight type (`GgmlType as usize`); `None` for the float types and the activation-only
+    /// formats.
+    pub dots: [Option<DotTileFn>; 15],
+    /// Integer dot kernel against A16 activations ([`crate::quant::a16`]), by weight type;
+    /// only the 32-element formats have one.
+    pub dots_a16: [Option<DotTileFn>; 15],
+    /// A16 activation quantizer.
+    pub quantize_a16: QuantizeFn,
+    /// Q8_0 activation quantizer.
+    pub quantize_q8_0: QuantizeFn,
+    /// Q8_1 activation quantizer.
+    pub quantize_q8_1: QuantizeFn,
+    /// Q8_K activation quantizer.
+    pub quantize_q8_K: QuantizeFn,
+    /// f32 dot product.
+    pub dot_f32: DotF32Fn,
+}

@@ -1,0 +1,186 @@
+//! The portable scalar tier: the reference twins of [`crate::quant::dot`],
+//! [`crate::quant::q8`] and [`crate::quant::a16`] behind the raw kernel shapes of [`super`]. Always available; the
+//! baseline every other tier is tested against.
+
+// ggml's names: `q4_K`, `q8_K` keep the capital K of the type names.
+#![allow(non_snake_case)]
+
+use super::{MAX_ROWS, TierFns, Tile};
+use crate::quant::{
+    self, BlockA16, BlockQ8_0, BlockQ8_1, BlockQ8_K, a16_blocks, a16_blocks_mut, cast_blocks,
+    cast_blocks_mut,
+};
+
+/// Defines `$name`, a [`super::DotTileFn`] that calls the reference `$reference` once per
+/// activation row with activation blocks `$act`.
+macro_rules! scalar_dot_rows {
+    ($name:ident, $reference:path, $wty:ident, $act:ty) => {
+        scalar_dot_rows!($name, $reference, $wty, $act, cast_blocks::<$act>);
+    };
+    ($name:ident, $reference:path, $wty:ident, $act:ty, $cast:expr) => {
+        /// Scalar tier: the reference kernel once per (weight row, activation row).
+        ///
+        /// # Safety
+        ///
+        /// As [`super::DotTileFn`].
+        pub unsafe fn $name(t: &Tile) {
+            let ty = quant::GgmlType::$wty;
+            let n = t.nb * ty.block_size();
+            for i in 0..t.n_w {
+                // SAFETY: the caller guarantees `nb` readable weight blocks per weight row.
+                let w = unsafe {
+                    std::slice::from_raw_parts(t.w.add(i * t.w_stride), t.nb * ty.type_size())
+                };
+                let mut o = [0f32; MAX_ROWS];
+                for (j, o) in o.iter_mut().enumerate().take(t.n_a) {
+                    // SAFETY: the caller guarantees `nb` readable activation blocks per row.
+                    let a = unsafe {
+                        std::slice::from_raw_parts(
+                            t.a.add(j * t.a_stride),
+                            t.nb * std::mem::size_of::<$act>(),
+                        )
+                    };
+                    *o = $reference(n, w, $cast(a));
+                }
+                // SAFETY: the caller guarantees the outputs are writable.
+                unsafe { t.store(i, &o[..t.n_a]) };
+            }
+        }
+    };
+}
+
+scalar_dot_rows!(q4_0_q8_0, quant::vec_dot_q4_0_q8_0, Q4_0, BlockQ8_0);
+scalar_dot_rows!(q4_1_q8_1, quant::vec_dot_q4_1_q8_1, Q4_1, BlockQ8_1);
+scalar_dot_rows!(q5_0_q8_0, quant::vec_dot_q5_0_q8_0, Q5_0, BlockQ8_0);
+scalar_dot_rows!(q5_1_q8_1, quant::vec_dot_q5_1_q8_1, Q5_1, BlockQ8_1);
+scalar_dot_rows!(q8_0_q8_0, quant::vec_dot_q8_0_q8_0, Q8_0, BlockQ8_0);
+scalar_dot_rows!(q2_K_q8_K, quant::vec_dot_q2_K_q8_K, Q2_K, BlockQ8_K);
+scalar_dot_rows!(q3_K_q8_K, quant::vec_dot_q3_K_q8_K, Q3_K, BlockQ8_K);
+scalar_dot_rows!(q4_K_q8_K, quant::vec_dot_q4_K_q8_K, Q4_K, BlockQ8_K);
+scalar_dot_rows!(q5_K_q8_K, quant::vec_dot_q5_K_q8_K, Q5_K, BlockQ8_K);
+scalar_dot_rows!(q6_K_q8_K, quant::vec_dot_q6_K_q8_K, Q6_K, BlockQ8_K);
+scalar_dot_rows!(
+    q4_0_a16,
+    quant::vec_dot_q4_0_a16,
+    Q4_0,
+    BlockA16,
+    a16_blocks
+);
+scalar_dot_rows!(
+    q4_1_a16,
+    quant::vec_dot_q4_1_a16,
+    Q4_1,
+    BlockA16,
+    a16_blocks
+);
+scalar_dot_rows!(
+    q5_0_a16,
+    quant::vec_dot_q5_0_a16,
+    Q5_0,
+    BlockA16,
+    a16_blocks
+);
+scalar_dot_rows!(
+    q5_1_a16,
+    quant::vec_dot_q5_1_a16,
+    Q5_1,
+    BlockA16,
+    a16_blocks
+);
+scalar_dot_rows!(
+    q8_0_a16,
+    quant::vec_dot_q8_0_a16,
+    Q8_0,
+    BlockA16,
+    a16_blocks
+);
+
+/// Scalar tier of [`super::QuantizeFn`] for A16: the reference quantizer.
+///
+/// # Safety
+///
+/// None beyond the slice contract.
+pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
+    quant::quantize_row_a16(x, a16_blocks_mut(y));
+}
+
+/// Scalar tier of [`super::QuantizeFn`] for Q8_0: the reference quantizer.
+///
+/// # Safety
+///
+/// None beyond the slice contract (kept `unsafe` to fit the table's function type).
+pub unsafe fn quantize_q8_0(x: &[f32], y: &mut [u8]) {
+    quant::quantize_row_q8_0(x, cast_blocks_mut(y));
+}
+
+/// Scalar tier of [`super::QuantizeFn`] for Q8_1: the reference quantizer.
+///
+/// # Safety
+///
+/// None beyond the slice contract.
+pub unsafe fn quantize_q8_1(x: &[f32], y: &mut [u8]) {
+    quant::quantize_row_q8_1(x, cast_blocks_mut(y));
+}
+
+/// Scalar tier of [`super::QuantizeFn`] for Q8_K: the reference quantizer.
+///
+/// # Safety
+///
+/// None beyond the slice contract.
+pub unsafe fn quantize_q8_K(x: &[f32], y: &mut [u8]) {
+    quant::quantize_row_q8_K(x, cast_blocks_mut(y));
+}
+
+/// Scalar tier of [`super::DotF32Fn`]: eight independent accumulators, plain multiply-add
+/// (no `mul_add`: without FMA in the baseline target it would be a libm call).
+///
+/// # Safety
+///
+/// None beyond `a.len() == b.len()`.
+pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (pa, pb) in ca.zip(cb) {
+        for j in 0..8 {
+            acc[j] += pa[j] * pb[j];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for (x, y) in ra.iter().zip(rb) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// The scalar tier's table: the reference kernels of every quantized weight type.
+pub fn fns() -> TierFns {
+    use quant::GgmlType as T;
+    let mut dots: [Option<super::DotTileFn>; 15] = [None; 15];
+    dots[T::Q4_0 as usize] = Some(q4_0_q8_0);
+    dots[T::Q4_1 as usize] = Some(q4_1_q8_1);
+    dots[T::Q5_0 as usize] = Some(q5_0_q8_0);
+    dots[T::Q5_1 as usize] = Some(q5_1_q8_1);
+    dots[T::Q8_0 as usize] = Some(q8_0_q8_0);
+    dots[T::Q2_K as usize] = Some(q2_K_q8_K);
+    dots[T::Q3_K as usize] = Some(q3_K_q8_K);
+    dots[T::Q4_K as usize] = Some(q4_K_q8_K);
+    dots[T::Q5_K as usize] = Some(q5_K_q8_K);
+    dots[T::Q6_K as usize] = Some(q6_K_q8_K);
+    let mut dots_a16: [Option<super::DotTileFn>; 15] = [None; 15];
+    dots_a16[T::Q4_0 as usize] = Some(q4_0_a16);
+    dots_a16[T::Q4_1 as usize] = Some(q4_1_a16);
+    dots_a16[T::Q5_0 as usize] = Some(q5_0_a16);
+    dots_a16[T::Q5_1 as usize] = Some(q5_1_a16);
+    dots_a16[T::Q8_0 as usize] = Some(q8_0_a16);
+    TierFns {
+        dots,
+        dots_a16,
+        quantize_a16,
+        quantize_q8_0,
+        quantize_q8_1,
+        quantize_q8_K,
+        dot_f32,
+    }
+}

@@ -1,0 +1,23 @@
+//! x86-64 SIMD tiers: AVX2 (+FMA, F16C), AVX-VNNI, and AVX-512 VNNI (F + BW + VL + VNNI).
+//!
+//! * [`common`]: shared inline helpers and [`common::MulSum`], the u8 × i8 dot primitive
+//!   (`maddubs`+`madd` on AVX2, `vpdpbusd` with VNNI) — the one place the tiers differ;
+//! * [`a16`]: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 against A16 activations (`matmul`'s path), tiles of
+//!   weight rows × up to four activation rows;
+//! * [`q32`]: the same weight formats against ggml's Q8_0/Q8_1, and the block decoders both
+//!   share;
+//! * [`kquants`]: Q4_K/Q5_K/Q6_K against Q8_K, bit-identical to the reference;
+//! * [`quantize`]: Q8_0/Q8_1 activation quantizers (byte-identical to the reference) and the
+//!   f32 dot;
+//! * [`tiers`]: the `#[target_feature]` entry points and per-tier [`crate::simd::TierFns`].
+//!
+//! The AVX-512 tier runs the same 256-bit kernels with EVEX `vpdpwssd` / `vpdpbusd` (512-bit
+//! A16 kernels measured slower on the development machine; see [`a16`]). It matters on CPUs
+//! with AVX-512 VNNI but no AVX-VNNI (Ice Lake / Cascade Lake servers).
+
+pub mod a16;
+pub mod common;
+pub mod kquants;
+pub mod q32;
+pub mod quantize;
+pub mod tiers;

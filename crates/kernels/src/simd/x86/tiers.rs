@@ -1,0 +1,151 @@
+//! The `#[target_feature]` entry points of the x86 tiers, and their function tables.
+//!
+//! Each tier is one instantiation of the `tier!` macro: a module of non-generic
+//! `#[target_feature(enable = ...)]` functions whose bodies are the `#[inline(always)]` generic
+//! kernels of [`super::a16`], [`super::q32`], [`super::kquants`] and [`super::quantize`],
+//! specialised with the tier's [`MulSum`](super::common::MulSum) /
+//! [`MulSum16`](super::common::MulSum16). Inlining a feature-less body into a function with
+//! features is what makes the intrinsics compile for that tier; the entry points are only ever
+//! called through a [`TierFns`] that `dispatch` hands out after checking the CPU.
+
+use super::common::{Avx512Vnni, AvxVnni, Maddubs};
+use super::{a16, kquants, q32, quantize};
+use crate::quant::GgmlType;
+use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
+
+/// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum`.
+macro_rules! tier {
+    ($tier:ident, $features:literal, $mul_sum:ty) => {
+        #[allow(non_snake_case)]
+        pub mod $tier {
+            use super::*;
+
+            macro_rules! q32_entry {
+                ($name:ident, $fmt:ty) => {
+                    /// # Safety
+                    ///
+                    /// As [`crate::simd::DotTileFn`], with this tier's CPU features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $name(t: &Tile) {
+                        unsafe { q32::tile::<$fmt, $mul_sum>(t) }
+                    }
+                };
+            }
+
+            macro_rules! a16_entry {
+                ($name:ident, $fmt:ty) => {
+                    /// # Safety
+                    ///
+                    /// As [`crate::simd::DotTileFn`], with this tier's CPU features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $name(t: &Tile) {
+                        unsafe { a16::tile::<$fmt, a16::L256<$mul_sum>>(t) }
+                    }
+                };
+            }
+
+            macro_rules! k_entry {
+                ($name:ident, $row:path) => {
+                    /// # Safety
+                    ///
+                    /// As [`crate::simd::DotTileFn`], with this tier's CPU features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $name(t: &Tile) {
+                        for i in 0..t.n_w {
+                            let mut o = [0f32; MAX_ROWS];
+                            for (j, o) in o.iter_mut().enumerate().take(t.n_a) {
+                                let (w, a) = (
+                                    t.w.wrapping_add(i * t.w_stride),
+                                    t.a.wrapping_add(j * t.a_stride),
+                                );
+                                *o = unsafe { $row(t.nb, w, a) };
+                            }
+                            unsafe { t.store(i, &o[..t.n_a]) };
+                        }
+                    }
+                };
+            }
+
+            q32_entry!(q4_0_q8_0, q32::Q4_0);
+            q32_entry!(q4_1_q8_1, q32::Q4_1);
+            q32_entry!(q5_0_q8_0, q32::Q5_0);
+            q32_entry!(q5_1_q8_1, q32::Q5_1);
+            q32_entry!(q8_0_q8_0, q32::Q8_0);
+            a16_entry!(q4_0_a16, q32::Q4_0);
+            a16_entry!(q4_1_a16, q32::Q4_1);
+            a16_entry!(q5_0_a16, q32::Q5_0);
+            a16_entry!(q5_1_a16, q32::Q5_1);
+            a16_entry!(q8_0_a16, q32::Q8_0);
+            k_entry!(q4_K_q8_K, kquants::q4_K_row);
+            k_entry!(q5_K_q8_K, kquants::q5_K_row);
+            k_entry!(q6_K_q8_K, kquants::q6_K_row);
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::QuantizeFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
+                unsafe { quantize::quantize_a16(x, y) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::QuantizeFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn quantize_q8_0(x: &[f32], y: &mut [u8]) {
+                unsafe { quantize::quantize_q8_0(x, y) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::QuantizeFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn quantize_q8_1(x: &[f32], y: &mut [u8]) {
+                unsafe { quantize::quantize_q8_1(x, y) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::DotF32Fn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+                unsafe { quantize::dot_f32(a, b) }
+            }
+
+            /// This tier's table: its SIMD kernels, the scalar tier for the rest.
+            pub fn fns() -> TierFns {
+                let mut t = scalar::fns();
+                let mut set =
+                    |ty: GgmlType, f: crate::simd::DotTileFn| t.dots[ty as usize] = Some(f);
+                set(GgmlType::Q4_0, q4_0_q8_0);
+                set(GgmlType::Q4_1, q4_1_q8_1);
+                set(GgmlType::Q5_0, q5_0_q8_0);
+                set(GgmlType::Q5_1, q5_1_q8_1);
+                set(GgmlType::Q8_0, q8_0_q8_0);
+                set(GgmlType::Q4_K, q4_K_q8_K);
+                set(GgmlType::Q5_K, q5_K_q8_K);
+                set(GgmlType::Q6_K, q6_K_q8_K);
+                let mut set =
+                    |ty: GgmlType, f: crate::simd::DotTileFn| t.dots_a16[ty as usize] = Some(f);
+                set(GgmlType::Q4_0, q4_0_a16);
+                set(GgmlType::Q4_1, q4_1_a16);
+                set(GgmlType::Q5_0, q5_0_a16);
+                set(GgmlType::Q5_1, q5_1_a16);
+                set(GgmlType::Q8_0, q8_0_a16);
+                t.quantize_a16 = quantize_a16;
+                t.quantize_q8_0 = quantize_q8_0;
+                t.quantize_q8_1 = quantize_q8_1;
+                t.dot_f32 = dot_f32;
+                t
+            }
+        }
+    };
+}
+
+tier!(avx2, "avx2,fma,f16c", Maddubs);
+tier!(avx_vnni, "avx2,fma,f16c,avxvnni", AvxVnni);
+tier!(
+    avx512_vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    Avx512Vnni
+);

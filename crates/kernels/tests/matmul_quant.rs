@@ -1,0 +1,231 @@
+//! Differential tests of `matmul` over every weight type, kernel tier and a few pool sizes.
+//!
+//! * Against the reference per element: `out[t][r]` equals the scalar reference
+//!   `vec_dot(w_r, quantize(x_t))` (A16 or Q8_K activations) — bit for bit on the scalar tier, within the f32 accumulation
+//!   budget of `tests/simd_dot.rs` on the SIMD tiers (float weights: within f32 rounding of
+//!   the f64 dot).
+//! * Against the f32 product of the dequantized weight and the *unquantized* activations,
+//!   within the budget of activation quantization: per block, `Σ_i |w_i|` times one
+//!   quantization step — `amax / 32767` for A16 (the 32-element formats), `amax / 127` for
+//!   Q8_K (the k-quants) — twice the half-step bound, plus the accumulation budget.
+//! * Deterministic: the same tier gives bit-identical outputs on 1, 2 and 3 threads, because
+//!   an output never depends on how rows are chunked or tiled.
+//!
+//! Shapes are odd on purpose: one row and one block; row counts that are not multiples of the
+//! tile or of the chunk; token counts 1, 7 and 33 (not multiples of the four-row kernel).
+
+use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
+use tokenmill_kernels::matmul::{QMatrix, matmul, matmul_with};
+use tokenmill_kernels::pool::ThreadPool;
+use tokenmill_kernels::quant::GgmlType;
+use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
+
+const TYPES: [GgmlType; 13] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+];
+
+/// `(n rows, k columns in blocks, n_tokens)`. The last has rows long enough that a chunk is
+/// several weight tiles (with a ragged last tile).
+const SHAPES: [(usize, usize, usize); 5] =
+    [(1, 1, 1), (7, 2, 7), (37, 3, 33), (150, 2, 5), (23, 40, 9)];
+
+struct Case {
+    ty: GgmlType,
+    n: usize,
+    k: usize,
+    t: usize,
+    w: Vec<u8>,
+    x: Vec<f32>,
+}
+
+impl Case {
+    fn new(rng: &mut SplitMix64, ty: GgmlType, n: usize, blocks: usize, t: usize) -> Case {
+        let k = blocks
+            * if ty.block_size() == 1 {
+                32
+            } else {
+                ty.block_size()
+            };
+        let w: Vec<u8> = (0..n).flat_map(|_| random_weight_row(rng, ty, k)).collect();
+        let mut x = random_f32_row(rng, t * k, 1.0);
+        // A zero token row and a block of large values, when there is room.
+        if t > 2 {
+            x[k..2 * k].fill(0.0);
+            x[..k.min(32)].iter_mut().for_each(|v| *v *= 50.0);
+        }
+        Case { ty, n, k, t, w, x }
+    }
+
+    fn matrix(&self) -> QMatrix<'_> {
+        QMatrix {
+            ty: self.ty,
+            rows: self.n,
+            cols: self.k,
+            data: &self.w,
+        }
+    }
+
+    fn run(&self, pool: &ThreadPool, kernels: &Kernels) -> Vec<f32> {
+        let mut out = vec![f32::NAN; self.t * self.n];
+        matmul_with(pool, kernels, &self.x, &self.matrix(), &mut out);
+        out
+    }
+
+    fn w_row(&self, r: usize) -> Vec<f32> {
+        let mut row = vec![0f32; self.k];
+        self.matrix().dequantize_row_into(r, &mut row);
+        row
+    }
+}
+
+/// The scalar reference for one output, and its accumulation budget.
+fn reference(case: &Case, t: usize, r: usize) -> (f64, f64) {
+    let k = case.k;
+    let x = &case.x[t * k..(t + 1) * k];
+    let w = case.matrix().row(r);
+    let wd = case.w_row(r);
+    let Some(act) = ActFormat::for_matmul(case.ty) else {
+        let exact: f64 = wd.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+        let mag: f64 = wd
+            .iter()
+            .zip(x)
+            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+            .sum();
+        return (exact, (k as f64 + 8.0) * 2f64.powi(-23) * mag + 1e-30);
+    };
+    let scalar = Kernels::new(Tier::Scalar).unwrap();
+    let mut a = vec![0u8; k / act.block_size() * act.block_bytes()];
+    scalar.quantize_act(act, x, &mut a);
+    let want = scalar.vec_dot(case.ty, act, k, w, &a) as f64;
+    let mut ad = vec![0f32; k];
+    act.dequantize(&a, &mut ad);
+    let mag: f64 = wd
+        .iter()
+        .zip(&ad)
+        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+        .sum();
+    // The `m · s` terms are at most Σ|w| · amax; fold them into the magnitude generously.
+    let mag = mag + quant_budget(&wd, x, act.block_size(), 1.0);
+    let nb = (k / case.ty.block_size()) as f64;
+    (want, (nb + 16.0) * 2f64.powi(-22) * mag + 1e-30)
+}
+
+/// `Σ_blocks Σ_i |w_i| · amax_block(x) / levels`: one quantization step per element.
+fn quant_budget(w: &[f32], x: &[f32], block: usize, levels: f64) -> f64 {
+    w.chunks(block)
+        .zip(x.chunks(block))
+        .map(|(wb, xb)| {
+            let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+            wb.iter().map(|&v| (v as f64).abs()).sum::<f64>() * amax / levels
+        })
+        .sum()
+}
+
+#[test]
+fn matmul_matches_reference_on_every_tier_and_pool() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
+    let mut rng = SplitMix64::new(0xAB);
+    for ty in TYPES {
+        for (n, blocks, t) in SHAPES {
+            let case = Case::new(&mut rng, ty, n, blocks, t);
+            let refs: Vec<(f64, f64)> = (0..t)
+                .flat_map(|ti| (0..n).map(move |r| (ti, r)))
+                .map(|(ti, r)| reference(&case, ti, r))
+                .collect();
+            for tier in Tier::supported() {
+                let kernels = Kernels::new(tier).unwrap();
+                let first = case.run(&pools[0], &kernels);
+                for pool in &pools[1..] {
+                    let other = case.run(pool, &kernels);
+                    assert!(
+                        first
+                            .iter()
+                            .zip(&other)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{tier} {ty} {n}x{} T={t}: {} threads differ from 1",
+                        case.k,
+                        pool.num_threads()
+                    );
+                }
+                for (i, (&got, &(want, budget))) in first.iter().zip(&refs).enumerate() {
+                    let err = (got as f64 - want).abs();
+                    let exact_tier = tier == Tier::Scalar && ty.vec_dot_type().is_some();
+                    assert!(
+                        if exact_tier {
+                            got as f64 == want
+                        } else {
+                            err <= budget
+                        },
+                        "{tier} {ty} {n}x{} T={t} out[{i}]: {got:e} vs {want:e} (budget {budget:e})",
+                        case.k
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_is_close_to_the_f32_product() {
+    let pool = ThreadPool::new(2);
+    let kernels = tokenmill_kernels::dispatch::kernels();
+    let mut rng = SplitMix64::new(0xF32);
+    for ty in TYPES {
+        let case = Case::new(&mut rng, ty, 33, 3, 7);
+        let out = case.run(&pool, kernels);
+        let act = ActFormat::for_matmul(ty);
+        let block = act.map_or(32, |a| a.block_size());
+        // A16 has 32767 levels a side, Q8_K 127.
+        let levels = if act == Some(ActFormat::A16) {
+            32767.0
+        } else {
+            127.0
+        };
+        for t in 0..case.t {
+            let x = &case.x[t * case.k..(t + 1) * case.k];
+            for r in 0..case.n {
+                let wd = case.w_row(r);
+                let exact: f64 = wd.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = wd
+                    .iter()
+                    .zip(x)
+                    .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                    .sum();
+                let mut budget = 1e-5 * mag + 1e-30;
+                if act.is_some() {
+                    budget += quant_budget(&wd, x, block, levels);
+                }
+                let got = out[t * case.n + r] as f64;
+                assert!(
+                    (got - exact).abs() <= budget,
+                    "{ty} t={t} r={r}: {got:e} vs {exact:e} (budget {budget:e})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn global_matmul_entry_point_and_empty_inputs() {
+    let mut rng = SplitMix64::new(5);
+    let case = Case::new(&mut rng, GgmlType::Q4_1, 40, 18, 3);
+    let mut out = vec![0f32; case.t * case.n];
+    matmul(&case.x, &case.matrix(), &mut out);
+    let kernels = tokenmill_kernels::dispatch::kernels();
+    assert_eq!(out, case.run(&ThreadPool::new(1), kernels));
+    // Zero tokens: nothing to do.
+    let mut empty: Vec<f32> = Vec::new();
+    matmul(&[], &case.matrix(), &mut empty);
+}
