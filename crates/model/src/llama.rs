@@ -118,7 +118,7 @@ impl LlamaModel {
         chunks: &[SeqChunk<'_>],
         kv: &mut KvCache,
         ws: &'w mut Workspace,
-    ) -> Result<&'w [f32], ModelError> {
+    ) -> Result<&'w mut [f32], ModelError> {
         self.validate(chunks, kv)?;
         let h = self.cfg.hidden;
         ws.tok_pos.clear();
@@ -261,7 +261,7 @@ impl LlamaModel {
     }
 
     /// Final norm and LM head, only for the rows the chunks ask for: `[rows, vocab]`.
-    fn lm_head<'w>(&self, chunks: &[SeqChunk<'_>], ws: &'w mut Workspace) -> &'w [f32] {
+    fn lm_head<'w>(&self, chunks: &[SeqChunk<'_>], ws: &'w mut Workspace) -> &'w mut [f32] {
         let (h, vocab) = (self.cfg.hidden, self.cfg.vocab_size);
         let t = start(&ws.profile);
         let n_rows: usize = chunks.iter().map(|c| c.n_logits()).sum();

@@ -43,6 +43,9 @@ pub struct GenerateArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
+    /// Worker threads for the kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
 }
 
 const BLOCK_SIZE: usize = 16;
@@ -51,9 +54,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if !(args.temperature >= 0.0 && args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--temperature must be ≥ 0 and --top-p in (0, 1]");
     }
+    crate::init_threads(args.threads);
     let path = crate::model_path::resolve(args.model)?;
     let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
     let tokenizer = Tokenizer::from_gguf(&file)?;
+    for warning in tokenizer.warnings() {
+        eprintln!("warning: {warning}");
+    }
     let model = LlamaModel::load(file)?;
     let cfg = model.config();
 
@@ -85,13 +92,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let mut kv = KvCache::new(cfg, n_positions.div_ceil(BLOCK_SIZE), BLOCK_SIZE);
     let block_table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
     let mut ws = Workspace::default();
-    let mut sampler = Sampler::new(SamplingParams {
+    let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,
         top_k: args.top_k,
-        min_p: 0.0,
         seed: args.seed,
-    });
+        ..SamplingParams::default()
+    };
+    let mut sampler = Sampler::with_prompt(params, &prompt_ids);
     let mut decoder = tokenizer.decoder();
     let mut out = std::io::stdout().lock();
 
@@ -102,7 +110,9 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         block_table: &block_table,
         logits: LogitsWanted::Last,
     };
-    let mut next = sampler.sample(model.forward(&[chunk], &mut kv, &mut ws)?);
+    let mut next = sampler
+        .sample(model.forward(&[chunk], &mut kv, &mut ws)?, &[])
+        .token;
     let prefill = t0.elapsed();
 
     let t1 = Instant::now();
@@ -125,10 +135,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
             block_table: &block_table,
             logits: LogitsWanted::Last,
         };
-        next = sampler.sample(model.forward(&[chunk], &mut kv, &mut ws)?);
+        next = sampler
+            .sample(model.forward(&[chunk], &mut kv, &mut ws)?, &[])
+            .token;
         pos += 1;
     }
     writeln!(out, "{}", decoder.flush(&tokenizer)?)?;
+    out.flush()?;
     let decode = t1.elapsed();
     // The first token comes from the prefill; decode steps made the other `generated - 1`.
     let decode_steps = generated.saturating_sub(1);

@@ -1,5 +1,6 @@
 //! The `tokenmill` command line: generate, tokenize, inspect.
 
+mod bench_model;
 mod generate;
 mod inspect;
 mod model_path;
@@ -35,6 +36,8 @@ enum Command {
         no_special: bool,
         text: String,
     },
+    /// Measure raw model speed: prefill, single-stream and batched decode (like llama-bench).
+    BenchModel(bench_model::BenchModelArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
 }
@@ -52,6 +55,16 @@ fn main() -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&ids)?);
             Ok(())
         }
+        Command::BenchModel(args) => bench_model::run(args),
         Command::Inspect { path } => inspect::run(&path),
+    }
+}
+
+/// Sizes the kernels' thread pool before first use (default: every core).
+pub fn init_threads(threads: Option<usize>) {
+    if let Some(n) = threads
+        && !tokenmill_kernels::pool::set_num_threads(n.max(1))
+    {
+        eprintln!("warning: the thread pool was already started; --threads {n} is ignored");
     }
 }

@@ -1,0 +1,352 @@
+//! The engine thread and its handle.
+//!
+//! The engine thread owns the [`Scheduler`], the [`ModelRunner`] (model, KV storage,
+//! workspace, samplers) and the per-request output senders outright; nothing is shared but
+//! a small stats snapshot. One command channel comes in ([`EngineHandle`] is a cloneable
+//! sender), one channel per request goes out ([`RequestStream`]). Dropping a stream aborts
+//! its request, as does a send that finds the receiver gone; the scheduler frees the blocks
+//! at the next step.
+//!
+//! The loop (`EngineLoop::step`) reads like vLLM's `EngineCore.step()`:
+//! schedule → execute → record step time → update from output → send events.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
+
+use crate::error::EngineError;
+use crate::request::{FinishReason, Request, RequestId, RequestParams};
+use crate::runner::{ModelRunner, PromptLogprob, StepResult};
+use crate::sampler::Sampled;
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
+use crate::scheduler_output::{RequestEvent, SchedulerOutput};
+
+/// One generated token of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOutput {
+    pub token: u32,
+    pub logprob: f32,
+    /// Top-N logprobs when the request asked for them.
+    pub top_logprobs: Vec<(u32, f32)>,
+    pub finish_reason: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache.
+    pub num_cached_tokens: usize,
+}
+
+/// What a [`RequestStream`] yields.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamEvent {
+    /// Logprobs of prompt tokens `start..` (only when asked for), before the first token.
+    PromptLogprobs {
+        start: usize,
+        logprobs: Vec<PromptLogprob>,
+    },
+    Token(TokenOutput),
+    /// The request was rejected or failed; nothing follows.
+    Error(EngineError),
+}
+
+/// Counters and gauges for metrics, refreshed after every step.
+#[derive(Clone, Debug, Default)]
+pub struct EngineStats {
+    pub scheduler: SchedulerStats,
+    pub steps: u64,
+    /// Sequences and tokens in the last step.
+    pub last_batch_seqs: usize,
+    pub last_batch_tokens: usize,
+    pub last_step_predicted: Duration,
+    pub last_step_measured: Duration,
+}
+
+enum Command {
+    Add {
+        req: Box<Request>,
+        tx: UnboundedSender<StreamEvent>,
+    },
+    Abort(RequestId),
+}
+
+/// A cloneable handle to the engine thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Command>,
+    next_id: Arc<AtomicU64>,
+    stats: Arc<Mutex<EngineStats>>,
+    config: Arc<SchedulerConfig>,
+}
+
+/// The outputs of one request; dropping it aborts the request.
+pub struct RequestStream {
+    pub id: RequestId,
+    rx: UnboundedReceiver<StreamEvent>,
+    abort: Option<Sender<Command>>,
+}
+
+impl RequestStream {
+    /// Next event (async); `None` once the request finished.
+    pub async fn next(&mut self) -> Option<StreamEvent> {
+        let ev = self.rx.recv().await;
+        self.note_end(&ev);
+        ev
+    }
+
+    /// Next event, blocking the calling thread (not for async contexts).
+    pub fn blocking_next(&mut self) -> Option<StreamEvent> {
+        let ev = self.rx.blocking_recv();
+        self.note_end(&ev);
+        ev
+    }
+
+    /// After the final event there is nothing left to abort.
+    fn note_end(&mut self, ev: &Option<StreamEvent>) {
+        let done = match ev {
+            None | Some(StreamEvent::Error(_)) => true,
+            Some(StreamEvent::Token(t)) => t.finish_reason.is_some(),
+            Some(StreamEvent::PromptLogprobs { .. }) => false,
+        };
+        if done {
+            self.abort = None;
+        }
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if let Some(tx) = self.abort.take() {
+            let _ = tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Submits a prompt; events arrive on the returned stream. A request that can never run
+    /// (too long for the model or the KV cache) yields one [`StreamEvent::Error`].
+    pub fn submit(&self, prompt: Vec<u32>, params: RequestParams) -> RequestStream {
+        let id = RequestId(self.next_id.fetch_add(1, Ordering::Relaxed));
+        let (tx, rx) = unbounded_channel();
+        let req = Box::new(Request::new(id, prompt, params));
+        if let Err(mpsc::SendError(Command::Add { tx, .. })) =
+            self.tx.send(Command::Add { req, tx })
+        {
+            let _ = tx.send(StreamEvent::Error(EngineError::EngineStopped));
+        }
+        RequestStream {
+            id,
+            rx,
+            abort: Some(self.tx.clone()),
+        }
+    }
+
+    /// Cancels a request; its blocks are freed at the next step.
+    pub fn abort(&self, id: RequestId) {
+        let _ = self.tx.send(Command::Abort(id));
+    }
+
+    /// The latest stats snapshot.
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+}
+
+/// Starts the engine thread. It runs until every handle (and stream) is dropped and no
+/// request is left.
+pub fn start(
+    runner: ModelRunner,
+    config: SchedulerConfig,
+) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
+    let scheduler = Scheduler::new(config.clone())?;
+    let (tx, rx) = mpsc::channel();
+    let stats = Arc::new(Mutex::new(EngineStats::default()));
+    let handle = EngineHandle {
+        tx,
+        next_id: Arc::new(AtomicU64::new(0)),
+        stats: stats.clone(),
+        config: Arc::new(config),
+    };
+    let mut engine = EngineLoop {
+        scheduler,
+        runner,
+        rx,
+        senders: HashMap::new(),
+        out: SchedulerOutput::new(),
+        stats,
+        steps: 0,
+    };
+    let thread = std::thread::Builder::new()
+        .name("tokenmill-engine".into())
+        .spawn(move || engine.run())
+        .map_err(|e| EngineError::Model(format!("spawning the engine thread: {e}")))?;
+    Ok((handle, thread))
+}
+
+struct EngineLoop {
+    scheduler: Scheduler,
+    runner: ModelRunner,
+    rx: Receiver<Command>,
+    senders: HashMap<RequestId, UnboundedSender<StreamEvent>>,
+    out: SchedulerOutput,
+    stats: Arc<Mutex<EngineStats>>,
+    steps: u64,
+}
+
+/// How long an engine with requests but nothing runnable waits before scheduling again
+/// (static batching waiting for its batch to fill).
+const IDLE_POLL: Duration = Duration::from_millis(2);
+
+impl EngineLoop {
+    fn run(&mut self) {
+        loop {
+            if !self.scheduler.has_unfinished_requests() {
+                match self.rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => return, // every handle is gone and nothing is left
+                }
+            }
+            while let Ok(cmd) = self.rx.try_recv() {
+                self.handle(cmd);
+            }
+            if !self.step() {
+                match self.rx.recv_timeout(IDLE_POLL) {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected)
+                        if self.scheduler.has_unfinished_requests() => {}
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add { req, tx } => {
+                let id = req.id;
+                match self.scheduler.add_request(*req) {
+                    Ok(()) => {
+                        self.senders.insert(id, tx);
+                    }
+                    Err(e) => {
+                        let _ = tx.send(StreamEvent::Error(e));
+                    }
+                }
+            }
+            Command::Abort(id) => {
+                self.scheduler.abort(id);
+                self.senders.remove(&id);
+            }
+        }
+    }
+
+    /// One engine step; `false` if there was nothing to run.
+    fn step(&mut self) -> bool {
+        self.scheduler.schedule_into(&mut self.out);
+        for id in &self.out.finished_req_ids {
+            self.runner.drop_request(*id);
+        }
+        if self.out.is_empty() {
+            // Aborts may have freed requests and blocks without a step: keep gauges true.
+            self.refresh_idle_stats();
+            return false;
+        }
+        let t = Instant::now();
+        let result = match self.runner.execute(&self.out, &self.scheduler) {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail_step(e);
+                return true;
+            }
+        };
+        let measured = t.elapsed();
+        self.scheduler.record_step(&self.out, measured);
+        let sampled: Vec<(RequestId, u32)> = result
+            .sampled
+            .iter()
+            .map(|(id, s)| (*id, s.token))
+            .collect();
+        let events = self.scheduler.update_from_output(&self.out, &sampled);
+        // Stats first, so a client that sees its last token also sees its blocks freed.
+        self.publish_stats(measured);
+        self.send(result, events);
+        true
+    }
+
+    fn send(&mut self, result: StepResult, events: Vec<RequestEvent>) {
+        for (id, start, logprobs) in result.prompt_logprobs {
+            if let Some(tx) = self.senders.get(&id) {
+                let _ = tx.send(StreamEvent::PromptLogprobs { start, logprobs });
+            }
+        }
+        let mut sampled: HashMap<RequestId, Sampled> = result.sampled.into_iter().collect();
+        for ev in events {
+            let Some(s) = sampled.remove(&ev.req_id) else {
+                continue;
+            };
+            let out = TokenOutput {
+                token: ev.token,
+                logprob: s.logprob,
+                top_logprobs: s.top,
+                finish_reason: ev.finish_reason,
+                num_cached_tokens: ev.num_cached_tokens,
+            };
+            let delivered = self
+                .senders
+                .get(&ev.req_id)
+                .is_some_and(|tx| tx.send(StreamEvent::Token(out)).is_ok());
+            if ev.finish_reason.is_some() {
+                self.senders.remove(&ev.req_id);
+                self.runner.drop_request(ev.req_id);
+            } else if !delivered {
+                // The client went away: cancel.
+                self.scheduler.abort(ev.req_id);
+                self.senders.remove(&ev.req_id);
+            }
+        }
+    }
+
+    /// A forward pass failed: fail the step's requests rather than the engine.
+    fn fail_step(&mut self, e: EngineError) {
+        let ids: Vec<RequestId> = self.out.chunks.iter().map(|c| c.req_id).collect();
+        for id in ids {
+            self.scheduler.abort(id);
+            if let Some(tx) = self.senders.remove(&id) {
+                let _ = tx.send(StreamEvent::Error(e.clone()));
+            }
+        }
+    }
+
+    /// Refreshes the scheduler gauges after a step that ran nothing (no step is counted).
+    fn refresh_idle_stats(&mut self) {
+        let scheduler = self.scheduler.stats();
+        if let Ok(mut s) = self.stats.lock()
+            && (s.scheduler != scheduler || s.last_batch_seqs != 0)
+        {
+            s.scheduler = scheduler;
+            s.last_batch_seqs = 0;
+            s.last_batch_tokens = 0;
+        }
+    }
+
+    fn publish_stats(&mut self, measured: Duration) {
+        self.steps += 1;
+        let snapshot = EngineStats {
+            scheduler: self.scheduler.stats(),
+            steps: self.steps,
+            last_batch_seqs: self.out.chunks.len(),
+            last_batch_tokens: self.out.num_scheduled_tokens,
+            last_step_predicted: self.out.predicted,
+            last_step_measured: measured,
+        };
+        if let Ok(mut s) = self.stats.lock() {
+            *s = snapshot;
+        }
+    }
+}

@@ -1,0 +1,752 @@
+//! [`Scheduler`]: decides, each step, which requests run which tokens (vLLM v1 style).
+//!
+//! A step has one token budget (`max_num_batched_tokens`) and a sequence cap (`max_num_seqs`).
+//! Every request just catches up its `num_computed_tokens` to its known tokens; a new prompt,
+//! a prompt chunk, a decode token and a recompute are the same thing, so chunked prefill and
+//! prefix-cache hits fall out of it. One `schedule` call:
+//!
+//! 1. frees aborted requests;
+//! 2. **running** requests first, in admission order: a decode costs 1 token; a request still
+//!    catching up gets a chunk of what is left of the budget, minus 1 token reserved for each
+//!    running request after it (so prefill never stalls decodes — Sarathi's stall-free rule;
+//!    `max_num_batched_tokens ≥ max_num_seqs` is enforced, so every running request gets at
+//!    least a token every step: nothing running starves). If the KV pool cannot hold the
+//!    chunk, the lowest-priority running request (FCFS: the latest admitted; priority: highest
+//!    `(priority, arrival)`) is preempted — blocks freed, cursor reset, output kept, requeued —
+//!    until it fits or the request preempted itself;
+//! 3. **waiting** requests in policy order (skipped if anything was preempted this step), each
+//!    after a prefix-cache lookup, with its prompt chunked to the remaining budget, until the
+//!    budget, `max_num_seqs` or the KV pool runs out — FCFS stops at the first that does not
+//!    fit, so admission is in arrival order and nothing waiting starves.
+//!
+//! The caller runs the [`SchedulerOutput`], samples one token per `sample` chunk and calls
+//! [`Scheduler::update_from_output`], which advances cursors, registers newly computed full
+//! blocks in the prefix cache, appends tokens, applies stop conditions and frees finished
+//! requests. `schedule` and `update_from_output` alternate.
+//!
+//! Never wedged: [`Scheduler::add_request`] rejects any request that could not run alone in
+//! the whole cache, and a running request alone always fits (preemption can always free
+//! everything else), so the oldest request always makes progress.
+//!
+//! SLA mode (`config.sla`): the step-time model (`sla.rs`) caps prefill so a step that
+//! contains decodes is predicted within `target_tpot` (a step with none within
+//! `target_ttft`), and stops admitting sequences once decoding one more would be predicted
+//! over `target_tpot` — the largest batch that keeps the targets. Decodes themselves are never
+//! dropped; an empty step always gets at least a block's worth of prefill (progress).
+//!
+//! Static batching (`Batching::Static`, for comparison only): when nothing runs, admit up to
+//! `max_num_seqs` waiting requests (once that many wait, or the oldest waited `max_wait`),
+//! reserving each one's worst-case blocks (the padding a static batch pays), and admit no one
+//! else until the whole batch has finished.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+
+use tokenmill_model::LogitsWanted;
+
+use crate::error::EngineError;
+use crate::kv_manager::{CachedPrefix, KvCacheManager, PrefixCacheStats};
+use crate::request::{FinishReason, Request, RequestId, RequestStatus};
+use crate::scheduler_output::{RequestEvent, SchedulerOutput};
+use crate::sla::{SlaTargets, StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchedulingPolicy {
+    /// First come, first served.
+    Fcfs,
+    /// Lowest `priority` value first, then arrival.
+    Priority,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    /// Iteration-level scheduling: requests join and leave the batch every step.
+    Continuous,
+    /// One fixed batch at a time, run to its slowest member; a batch forms once
+    /// `max_num_seqs` requests wait or the oldest has waited `max_wait`.
+    Static { max_wait: Duration },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SchedulerConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the KV cache (see `kv_layout::num_blocks_for_memory`).
+    pub num_blocks: usize,
+    /// Token budget of one step.
+    pub max_num_batched_tokens: usize,
+    /// Sequences running at once.
+    pub max_num_seqs: usize,
+    /// Prompt + output tokens of one request at most.
+    pub max_model_len: usize,
+    pub policy: SchedulingPolicy,
+    pub enable_prefix_caching: bool,
+    /// Split prompts longer than the remaining budget across steps.
+    pub enable_chunked_prefill: bool,
+    /// With chunked prefill: no request gets more than this many tokens in one step.
+    pub long_prefill_token_threshold: Option<usize>,
+    pub batching: Batching,
+    /// Attention window of the model, if it has one: blocks that leave it are freed.
+    pub sliding_window: Option<usize>,
+    pub sla: SlaTargets,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            block_size: 16,
+            num_blocks: 1024,
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 64,
+            max_model_len: 8192,
+            policy: SchedulingPolicy::Fcfs,
+            enable_prefix_caching: true,
+            enable_chunked_prefill: true,
+            long_prefill_token_threshold: None,
+            batching: Batching::Continuous,
+            sliding_window: None,
+            sla: SlaTargets::default(),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: &str| Err(EngineError::InvalidConfig(m.to_string()));
+        if self.block_size == 0 || self.num_blocks == 0 {
+            return bad("block_size and num_blocks must be positive");
+        }
+        if self.max_num_seqs == 0 || self.max_model_len == 0 {
+            return bad("max_num_seqs and max_model_len must be positive");
+        }
+        if self.max_num_batched_tokens < self.max_num_seqs {
+            return bad("max_num_batched_tokens must be at least max_num_seqs");
+        }
+        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
+            return bad(
+                "without chunked prefill, max_num_batched_tokens must be at least max_model_len",
+            );
+        }
+        if self.long_prefill_token_threshold == Some(0) || self.sliding_window == Some(0) {
+            return bad("long_prefill_token_threshold and sliding_window must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Gauges and counters for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SchedulerStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    /// Fraction of KV blocks in use, 0..=1.
+    pub kv_usage: f64,
+    pub num_blocks: usize,
+    pub num_free_blocks: usize,
+    pub prefix_cache: PrefixCacheStats,
+    pub num_preemptions: u64,
+    pub step_time: StepTimeStats,
+}
+
+/// Waiting-queue order: `(priority or 0, arrival_seq, id)`.
+type WaitKey = (i64, u64, RequestId);
+
+/// What is left of this step while it is being planned.
+struct StepBudget {
+    tokens: usize,
+    /// Decodes of all running requests (assumed scheduled) plus prefill chunks so far.
+    features: StepFeatures,
+    /// Step-time cap in ms, when SLA targets apply.
+    cap_ms: Option<f64>,
+}
+
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: KvCacheManager,
+    requests: HashMap<RequestId, Request>,
+    waiting: BTreeSet<WaitKey>,
+    /// Admission order.
+    running: Vec<RequestId>,
+    /// Aborted since the last step; freed at the next `schedule`.
+    aborted: Vec<RequestId>,
+    /// Finished since the last step (reported in the next output).
+    finished: Vec<RequestId>,
+    /// This step's decisions: `(request, tokens)`; materialised once final.
+    plan: Vec<(RequestId, usize)>,
+    next_seq: u64,
+    num_preemptions: u64,
+    step_model: StepTimeModel,
+}
+
+impl Scheduler {
+    pub fn new(config: SchedulerConfig) -> Result<Scheduler, EngineError> {
+        config.validate()?;
+        Ok(Scheduler {
+            kv: KvCacheManager::new(
+                config.num_blocks,
+                config.block_size,
+                config.enable_prefix_caching,
+            ),
+            config,
+            requests: HashMap::new(),
+            waiting: BTreeSet::new(),
+            running: Vec::new(),
+            aborted: Vec::new(),
+            finished: Vec::new(),
+            plan: Vec::new(),
+            next_seq: 0,
+            num_preemptions: 0,
+            step_model: StepTimeModel::default(),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    pub fn kv(&self) -> &KvCacheManager {
+        &self.kv
+    }
+
+    pub fn step_model(&self) -> &StepTimeModel {
+        &self.step_model
+    }
+
+    /// A live (not yet finished) request.
+    pub fn request(&self, id: RequestId) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    pub fn num_running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn num_waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn has_unfinished_requests(&self) -> bool {
+        !self.requests.is_empty()
+    }
+
+    pub fn stats(&self) -> SchedulerStats {
+        SchedulerStats {
+            num_running: self.running.len(),
+            num_waiting: self.waiting.len(),
+            kv_usage: self.kv.usage(),
+            num_blocks: self.kv.num_blocks(),
+            num_free_blocks: self.kv.num_free_blocks(),
+            prefix_cache: self.kv.prefix_cache_stats(),
+            num_preemptions: self.num_preemptions,
+            step_time: self.step_model.stats(),
+        }
+    }
+
+    /// Queues a request, or rejects one that could never run.
+    pub fn add_request(&mut self, mut req: Request) -> Result<(), EngineError> {
+        let (id, cfg) = (req.id, &self.config);
+        if self.requests.contains_key(&id) {
+            return Err(EngineError::DuplicateRequest(id));
+        }
+        let prompt_tokens = req.num_prompt_tokens();
+        if prompt_tokens == 0 {
+            return Err(EngineError::EmptyPrompt(id));
+        }
+        let max_tokens = match req.params.max_tokens {
+            Some(0) => return Err(EngineError::ZeroMaxTokens(id)),
+            Some(n) => n,
+            None => cfg.max_model_len.saturating_sub(prompt_tokens),
+        };
+        if max_tokens == 0 || prompt_tokens + max_tokens > cfg.max_model_len {
+            return Err(EngineError::ExceedsMaxModelLen {
+                id,
+                prompt_tokens,
+                max_tokens,
+                max_model_len: cfg.max_model_len,
+            });
+        }
+        req.max_tokens = max_tokens;
+        let needed_blocks = self.kv.blocks_for(req.max_kv_tokens());
+        if needed_blocks > cfg.num_blocks {
+            return Err(EngineError::ExceedsKvCache {
+                id,
+                needed_blocks,
+                num_blocks: cfg.num_blocks,
+            });
+        }
+        req.rehash(cfg.block_size);
+        req.arrival_seq = self.next_seq;
+        self.next_seq += 1;
+        req.status = RequestStatus::Waiting;
+        req.num_computed_tokens = 0;
+        self.waiting.insert(self.wait_key(&req));
+        self.requests.insert(id, req);
+        Ok(())
+    }
+
+    /// Cancels a request; its blocks are freed at the next `schedule`. False if unknown or
+    /// already finished.
+    pub fn abort(&mut self, id: RequestId) -> bool {
+        match self.requests.get_mut(&id) {
+            Some(r) if !r.is_finished() => {
+                r.status = RequestStatus::Finished(FinishReason::Abort);
+                self.aborted.push(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Plans the next step (allocating a fresh output).
+    pub fn schedule(&mut self) -> SchedulerOutput {
+        let mut out = SchedulerOutput::new();
+        self.schedule_into(&mut out);
+        out
+    }
+
+    /// Plans the next step into `out` (cleared first; its buffers are reused).
+    pub fn schedule_into(&mut self, out: &mut SchedulerOutput) {
+        out.clear();
+        self.free_aborted(out);
+        out.finished_req_ids.append(&mut self.finished);
+        self.plan.clear();
+        match self.config.batching {
+            Batching::Continuous => {
+                let mut budget = self.step_budget(true);
+                if !self.schedule_running(&mut budget, out) {
+                    self.schedule_waiting(&mut budget);
+                }
+            }
+            Batching::Static { max_wait } => {
+                if self.running.is_empty() {
+                    self.admit_static_batch(max_wait);
+                }
+                let mut budget = self.step_budget(false);
+                self.schedule_running(&mut budget, out);
+            }
+        }
+        self.materialize(out);
+    }
+
+    /// Applies a finished step: `sampled` holds one token for each `sample` chunk (extra or
+    /// stale entries are ignored). Returns one event per delivered token.
+    pub fn update_from_output(
+        &mut self,
+        out: &SchedulerOutput,
+        sampled: &[(RequestId, u32)],
+    ) -> Vec<RequestEvent> {
+        for c in &out.chunks {
+            let Some(req) = self.requests.get_mut(&c.req_id) else {
+                continue;
+            };
+            if req.status != RequestStatus::Running || req.num_computed_tokens != c.start_pos {
+                continue; // aborted meanwhile, or a stale output
+            }
+            req.num_computed_tokens += c.num_tokens;
+            self.kv
+                .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
+        }
+        let (bs, max_len) = (self.config.block_size, self.config.max_model_len);
+        let mut events = Vec::with_capacity(sampled.len());
+        let mut any_finished = false;
+        for &(id, token) in sampled {
+            let Some(req) = self.requests.get_mut(&id) else {
+                continue;
+            };
+            if req.status != RequestStatus::Running || req.num_uncomputed_tokens() != 0 {
+                continue;
+            }
+            let finish_reason = req.append_output(token, bs, max_len);
+            if let Some(reason) = finish_reason {
+                req.status = RequestStatus::Finished(reason);
+                any_finished = true;
+            }
+            events.push(RequestEvent {
+                req_id: id,
+                token,
+                finish_reason,
+                num_cached_tokens: req.num_cached_tokens,
+            });
+        }
+        if any_finished {
+            for e in &events {
+                if e.finish_reason.is_some() {
+                    self.kv.free(e.req_id);
+                    self.requests.remove(&e.req_id);
+                    self.finished.push(e.req_id);
+                }
+            }
+            let requests = &self.requests;
+            self.running.retain(|id| requests.contains_key(id));
+        }
+        events
+    }
+
+    /// Feeds the measured duration of the step `out` described to the step-time model (an
+    /// output whose `features` are empty is ignored). The model has not changed since the
+    /// step was scheduled, so its prediction now is the one `out.predicted` holds.
+    pub fn record_step(&mut self, out: &SchedulerOutput, measured: Duration) {
+        if out.features != StepFeatures::default() {
+            let predicted = self.step_model.predict(&out.features);
+            self.step_model
+                .observe(&out.features, Some(predicted), measured);
+        }
+    }
+
+    fn wait_key(&self, r: &Request) -> WaitKey {
+        let p = match self.config.policy {
+            SchedulingPolicy::Fcfs => 0,
+            SchedulingPolicy::Priority => r.params.priority as i64,
+        };
+        (p, r.arrival_seq, r.id)
+    }
+
+    fn free_aborted(&mut self, out: &mut SchedulerOutput) {
+        if self.aborted.is_empty() {
+            return;
+        }
+        for id in std::mem::take(&mut self.aborted) {
+            if let Some(req) = self.requests.remove(&id) {
+                self.waiting.remove(&self.wait_key(&req));
+                self.kv.free(id);
+                out.finished_req_ids.push(id);
+            }
+        }
+        let requests = &self.requests;
+        self.running.retain(|id| requests.contains_key(id));
+    }
+
+    /// The budget of a step: decodes of running requests are counted up front so that the SLA
+    /// cap for prefill knows what they will cost.
+    fn step_budget(&self, sla: bool) -> StepBudget {
+        let mut features = StepFeatures::default();
+        for id in &self.running {
+            let r = &self.requests[id];
+            if is_decode(r, r.num_uncomputed_tokens()) {
+                features.add_chunk(r.num_computed_tokens, 1, true);
+            }
+        }
+        let t = self.config.sla;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let mut cap_ms = None;
+        if sla {
+            if features.decode_seqs > 0 {
+                cap_ms = t.tpot.map(ms);
+            }
+            if let Some(ttft) = t.ttft.map(ms) {
+                cap_ms = Some(cap_ms.map_or(ttft, |c: f64| c.min(ttft)));
+            }
+        }
+        StepBudget {
+            tokens: self.config.max_num_batched_tokens,
+            features,
+            cap_ms,
+        }
+    }
+
+    /// Schedules running requests; returns whether any request was preempted.
+    fn schedule_running(&mut self, budget: &mut StepBudget, out: &mut SchedulerOutput) -> bool {
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget.tokens > 0 {
+            let id = self.running[i];
+            let req = &self.requests[&id];
+            let (start, left) = (req.num_computed_tokens, req.num_uncomputed_tokens());
+            debug_assert!(left > 0, "request {id} was not given its sampled token");
+            let n = if is_decode(req, left) {
+                1
+            } else {
+                let reserve = self.running.len() - i - 1;
+                self.prefill_chunk(budget, start, left, reserve)
+            };
+            if n == 0 {
+                i += 1;
+                continue;
+            }
+            if let Some(w) = self.config.sliding_window {
+                self.kv.free_out_of_window(id, start, w);
+            }
+            loop {
+                if self.kv.allocate_slots(id, start, n, &[]).is_some() {
+                    self.take(budget, id, start, n, left);
+                    i += 1;
+                    break;
+                }
+                let victim = self.pick_victim();
+                let victim_id = self.running[victim];
+                self.preempt(victim, budget, out);
+                preempted = true;
+                if victim_id == id {
+                    break; // `running[i]` is now the next request
+                }
+                if victim < i {
+                    i -= 1;
+                }
+            }
+        }
+        preempted
+    }
+
+    /// Admits waiting requests in policy order.
+    fn schedule_waiting(&mut self, budget: &mut StepBudget) {
+        // Decode cost if every running sequence (and each admitted one) decodes together.
+        let mut decode_all = StepFeatures::default();
+        for id in &self.running {
+            decode_all.add_chunk(self.requests[id].num_tokens(), 1, true);
+        }
+        let tpot_ms = self.config.sla.tpot.map(|d| d.as_secs_f64() * 1e3);
+        while budget.tokens > 0 && self.running.len() < self.config.max_num_seqs {
+            let Some(&key) = self.waiting.first() else {
+                break;
+            };
+            let id = key.2;
+            let req = &self.requests[&id];
+            if let Some(tpot) = tpot_ms {
+                // The largest batch that keeps TPOT: stop once one more sequence would break it
+                // (but always run something).
+                let with_one_more = decode_all.with_chunk(req.num_tokens(), 1, true);
+                if !self.running.is_empty() && self.step_model.predict_ms(&with_one_more) > tpot {
+                    break;
+                }
+            }
+            let prefix = self.lookup_prefix(req);
+            let start = prefix.num_tokens;
+            let left = req.num_tokens() - start;
+            let n = self.prefill_chunk(budget, start, left, 0);
+            if n == 0
+                || self
+                    .kv
+                    .allocate_slots(id, start, n, &prefix.blocks)
+                    .is_none()
+            {
+                break;
+            }
+            self.admit(key, start);
+            decode_all.add_chunk(self.requests[&id].num_tokens(), 1, true);
+            self.take(budget, id, start, n, left);
+        }
+    }
+
+    /// The longest cached prefix usable by `req` (none for prompt-logprobs requests).
+    fn lookup_prefix(&self, req: &Request) -> CachedPrefix {
+        if req.params.prompt_logprobs {
+            return CachedPrefix::default();
+        }
+        self.kv
+            .find_cached_prefix(&req.block_hashes, req.num_tokens())
+    }
+
+    /// Moves a waiting request whose blocks are allocated to `running`, its first
+    /// `num_computed_tokens` served by the prefix cache.
+    fn admit(&mut self, key: WaitKey, num_computed_tokens: usize) {
+        let id = key.2;
+        self.waiting.remove(&key);
+        self.running.push(id);
+        let req = self.requests.get_mut(&id).expect("waiting request exists");
+        req.status = RequestStatus::Running;
+        req.num_computed_tokens = num_computed_tokens;
+        if !req.admitted_once {
+            req.admitted_once = true;
+            req.num_cached_tokens = num_computed_tokens;
+            let total = req.num_tokens();
+            self.kv.record_prefix_query(total, num_computed_tokens);
+        }
+    }
+
+    /// Tokens a catching-up request may run this step: its `left` tokens capped by the budget
+    /// (minus `reserve` for later running requests), the long-prefill threshold and the SLA
+    /// cap. 0 = none this step. Without chunked prefill it is all or nothing.
+    fn prefill_chunk(
+        &self,
+        budget: &StepBudget,
+        start: usize,
+        left: usize,
+        reserve: usize,
+    ) -> usize {
+        let cfg = &self.config;
+        let mut n = left.min(budget.tokens.saturating_sub(reserve));
+        if cfg.enable_chunked_prefill {
+            if let Some(t) = cfg.long_prefill_token_threshold {
+                n = n.min(t);
+            }
+        } else if n < left {
+            return 0;
+        }
+        if let Some(cap) = budget.cap_ms {
+            let step_empty = self.plan.is_empty() && budget.features.decode_seqs == 0;
+            let fit = max_chunk_within(&self.step_model, &budget.features, start, n, cap);
+            let floor = if step_empty { n.min(cfg.block_size) } else { 0 };
+            let capped = fit.max(floor);
+            n = if cfg.enable_chunked_prefill || capped == n {
+                capped
+            } else if step_empty {
+                n
+            } else {
+                0
+            };
+        }
+        n
+    }
+
+    fn take(
+        &mut self,
+        budget: &mut StepBudget,
+        id: RequestId,
+        start: usize,
+        n: usize,
+        left: usize,
+    ) {
+        budget.tokens -= n;
+        if !is_decode(&self.requests[&id], left) {
+            budget.features.add_chunk(start, n, false);
+        }
+        self.plan.push((id, n));
+    }
+
+    /// Index in `running` of the request to preempt.
+    fn pick_victim(&self) -> usize {
+        match self.config.policy {
+            SchedulingPolicy::Fcfs => self.running.len() - 1,
+            SchedulingPolicy::Priority => {
+                let key = |i: usize| {
+                    let r = &self.requests[&self.running[i]];
+                    (r.params.priority, r.arrival_seq)
+                };
+                (0..self.running.len()).max_by_key(|&i| key(i)).unwrap_or(0)
+            }
+        }
+    }
+
+    /// Evicts `running[idx]`: frees its blocks (unplanning it if planned), resets its cursor
+    /// and requeues it; its output so far is kept and will be recomputed.
+    fn preempt(&mut self, idx: usize, budget: &mut StepBudget, out: &mut SchedulerOutput) {
+        let id = self.running.remove(idx);
+        if let Some(p) = self.plan.iter().position(|&(r, _)| r == id) {
+            budget.tokens += self.plan.remove(p).1;
+        }
+        self.kv.free(id);
+        let req = self.requests.get_mut(&id).expect("running request exists");
+        req.num_computed_tokens = 0;
+        req.status = RequestStatus::Preempted;
+        req.num_preemptions += 1;
+        self.num_preemptions += 1;
+        let key = self.wait_key(&self.requests[&id]);
+        self.waiting.insert(key);
+        out.preempted.push(id);
+    }
+
+    /// Static batching: admit a batch if one is due, reserving worst-case blocks for each.
+    fn admit_static_batch(&mut self, max_wait: Duration) {
+        let Some(&(_, _, oldest)) = self.waiting.first() else {
+            return;
+        };
+        let due = self.waiting.len() >= self.config.max_num_seqs
+            || self.requests[&oldest].arrival_time.elapsed() >= max_wait;
+        if !due {
+            return;
+        }
+        let mut free = self.kv.num_free_blocks();
+        while self.running.len() < self.config.max_num_seqs {
+            let Some(&key) = self.waiting.first() else {
+                break;
+            };
+            let id = key.2;
+            let req = &self.requests[&id];
+            let reserve = self.kv.blocks_for(req.max_kv_tokens());
+            if reserve > free {
+                break;
+            }
+            free -= reserve;
+            let prefix = self.lookup_prefix(req);
+            if self
+                .kv
+                .allocate_slots(id, prefix.num_tokens, 0, &prefix.blocks)
+                .is_none()
+            {
+                break;
+            }
+            self.admit(key, prefix.num_tokens);
+        }
+    }
+
+    /// Writes the final plan into `out`.
+    fn materialize(&mut self, out: &mut SchedulerOutput) {
+        for &(id, n) in &self.plan {
+            let req = &self.requests[&id];
+            let start = req.num_computed_tokens;
+            let end = start + n;
+            let sample = end == req.num_tokens();
+            let echo = req.params.prompt_logprobs
+                && start < req.num_prompt_tokens()
+                && req.num_output_tokens() == 0;
+            let logits = if echo {
+                LogitsWanted::All
+            } else if sample {
+                LogitsWanted::Last
+            } else {
+                LogitsWanted::None
+            };
+            out.push_chunk(
+                id,
+                &req.token_ids()[start..end],
+                start,
+                self.kv.block_table(id),
+                logits,
+                sample,
+                is_decode(req, req.num_uncomputed_tokens()) && n == 1,
+            );
+        }
+        out.predicted = self.step_model.predict(&out.features);
+    }
+
+    /// Consistency of queues, statuses and KV ownership (for tests and debug assertions).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        self.kv.check_invariants()?;
+        if self.running.len() > self.config.max_num_seqs {
+            return Err(format!("{} running > max_num_seqs", self.running.len()));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for id in &self.running {
+            let r = self
+                .requests
+                .get(id)
+                .ok_or(format!("running {id} unknown"))?;
+            if !seen.insert(*id) {
+                return Err(format!("{id} is running twice"));
+            }
+            let ok = matches!(
+                r.status,
+                RequestStatus::Running | RequestStatus::Finished(_)
+            );
+            let covered = self.kv.block_table(*id).len() * self.config.block_size;
+            if !ok || covered < r.num_computed_tokens {
+                return Err(format!("running {id}: {:?}, KV covers {covered}", r.status));
+            }
+        }
+        for &(_, _, id) in &self.waiting {
+            let r = self
+                .requests
+                .get(&id)
+                .ok_or(format!("waiting {id} unknown"))?;
+            if !seen.insert(id) {
+                return Err(format!("{id} is both waiting and running"));
+            }
+            if !self.kv.block_table(id).is_empty() || r.num_computed_tokens != 0 {
+                return Err(format!("waiting {id} holds KV"));
+            }
+        }
+        if seen.len() != self.requests.len() {
+            return Err(format!(
+                "{} requests but {} queued",
+                self.requests.len(),
+                seen.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A running request whose only uncomputed token is its last sampled one.
+fn is_decode(r: &Request, left: usize) -> bool {
+    left == 1 && r.num_computed_tokens >= r.num_prompt_tokens()
+}

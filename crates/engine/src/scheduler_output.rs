@@ -1,0 +1,186 @@
+//! [`SchedulerOutput`]: what one step runs — plain data, no borrows into the scheduler.
+//!
+//! One [`ScheduledChunk`] per scheduled request, each mapping 1:1 onto the model's
+//! [`SeqChunk`]: the token ids to run, their start position, the request's block table and
+//! which logits are wanted. Token ids and block tables live in two flat buffers owned by the
+//! output, so a caller that keeps one `SchedulerOutput` and passes it to
+//! [`Scheduler::schedule_into`](crate::scheduler::Scheduler::schedule_into) every step
+//! allocates nothing once the buffers have grown.
+//!
+//! Invariants: chunks name distinct requests; `tokens(c).len() == c.num_tokens`;
+//! `block_table(c)` covers positions `< c.start_pos + c.num_tokens`; a chunk with `sample`
+//! ends at its request's last known token, and its logits are `Last` or `All`.
+
+use std::time::Duration;
+
+use tokenmill_model::{LogitsWanted, SeqChunk};
+
+use crate::block_pool::BlockId;
+use crate::request::{FinishReason, RequestId};
+use crate::sla::StepFeatures;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledChunk {
+    pub req_id: RequestId,
+    /// Position of the first token; equals the request's `num_computed_tokens`.
+    pub start_pos: usize,
+    pub num_tokens: usize,
+    pub logits: LogitsWanted,
+    /// The chunk completes the request's known tokens: sample its next token from the last
+    /// logits row and pass it to `update_from_output`.
+    pub sample: bool,
+    /// A single new token past the prompt (for the step-time model).
+    pub is_decode: bool,
+    token_offset: usize,
+    block_offset: usize,
+    num_blocks: usize,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerOutput {
+    pub chunks: Vec<ScheduledChunk>,
+    /// Σ `num_tokens` over chunks.
+    pub num_scheduled_tokens: usize,
+    /// Requests preempted this step (their KV is gone; they will recompute).
+    pub preempted: Vec<RequestId>,
+    /// Requests finished or aborted since the last step: drop any per-request state.
+    pub finished_req_ids: Vec<RequestId>,
+    /// The step as the cost model sees it, and the time it predicts.
+    pub features: StepFeatures,
+    pub predicted: Duration,
+    /// `[Σ num_tokens]`
+    token_ids: Vec<u32>,
+    /// `[Σ num_blocks]`
+    block_ids: Vec<u32>,
+}
+
+impl SchedulerOutput {
+    pub fn new() -> SchedulerOutput {
+        SchedulerOutput::default()
+    }
+
+    /// Empties the output, keeping its buffers.
+    pub fn clear(&mut self) {
+        self.chunks.clear();
+        self.num_scheduled_tokens = 0;
+        self.preempted.clear();
+        self.finished_req_ids.clear();
+        self.features = StepFeatures::default();
+        self.predicted = Duration::ZERO;
+        self.token_ids.clear();
+        self.block_ids.clear();
+    }
+
+    /// Nothing to run this step.
+    pub fn is_empty(&self) -> bool {
+        self.chunks.is_empty()
+    }
+
+    pub fn tokens(&self, c: &ScheduledChunk) -> &[u32] {
+        &self.token_ids[c.token_offset..c.token_offset + c.num_tokens]
+    }
+
+    /// The request's block table (`BlockId::NULL.0` where a sliding window freed a block).
+    pub fn block_table(&self, c: &ScheduledChunk) -> &[u32] {
+        &self.block_ids[c.block_offset..c.block_offset + c.num_blocks]
+    }
+
+    /// Chunk `i` as the model's input.
+    pub fn seq_chunk(&self, i: usize) -> SeqChunk<'_> {
+        let c = &self.chunks[i];
+        SeqChunk {
+            tokens: self.tokens(c),
+            start_pos: c.start_pos,
+            block_table: self.block_table(c),
+            logits: c.logits,
+        }
+    }
+
+    /// All chunks as the model's input, in order.
+    pub fn seq_chunks(&self) -> impl Iterator<Item = SeqChunk<'_>> + '_ {
+        (0..self.chunks.len()).map(|i| self.seq_chunk(i))
+    }
+
+    /// Chunks that produce a token this step.
+    pub fn num_sampled(&self) -> usize {
+        self.chunks.iter().filter(|c| c.sample).count()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn push_chunk(
+        &mut self,
+        req_id: RequestId,
+        tokens: &[u32],
+        start_pos: usize,
+        blocks: &[BlockId],
+        logits: LogitsWanted,
+        sample: bool,
+        is_decode: bool,
+    ) {
+        self.chunks.push(ScheduledChunk {
+            req_id,
+            start_pos,
+            num_tokens: tokens.len(),
+            logits,
+            sample,
+            is_decode,
+            token_offset: self.token_ids.len(),
+            block_offset: self.block_ids.len(),
+            num_blocks: blocks.len(),
+        });
+        self.token_ids.extend_from_slice(tokens);
+        self.block_ids.extend(blocks.iter().map(|b| b.0));
+        self.num_scheduled_tokens += tokens.len();
+        self.features.add_chunk(start_pos, tokens.len(), is_decode);
+    }
+}
+
+/// One sampled token delivered to a request, and whether that finished it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestEvent {
+    pub req_id: RequestId,
+    pub token: u32,
+    pub finish_reason: Option<FinishReason>,
+    /// Prompt tokens served from the prefix cache (for usage reporting).
+    pub num_cached_tokens: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_map_onto_seq_chunks_and_buffers_are_reused() {
+        let mut out = SchedulerOutput::new();
+        out.push_chunk(
+            RequestId(1),
+            &[5, 6, 7],
+            0,
+            &[BlockId(3)],
+            LogitsWanted::Last,
+            true,
+            false,
+        );
+        out.push_chunk(
+            RequestId(2),
+            &[9],
+            20,
+            &[BlockId(0), BlockId(1)],
+            LogitsWanted::Last,
+            true,
+            true,
+        );
+        let seqs: Vec<_> = out.seq_chunks().collect();
+        assert_eq!(seqs[0].tokens, &[5, 6, 7]);
+        assert_eq!(seqs[1].tokens, &[9]);
+        assert_eq!(seqs[1].start_pos, 20);
+        assert_eq!(seqs[1].block_table, &[0, 1]);
+        assert_eq!(out.num_scheduled_tokens, 4);
+        assert_eq!(out.features.decode_seqs, 1);
+        assert_eq!(out.features.prefill_tokens, 3);
+        let cap = out.token_ids.capacity();
+        out.clear();
+        assert!(out.is_empty());
+        assert_eq!(out.token_ids.capacity(), cap);
+    }
+}

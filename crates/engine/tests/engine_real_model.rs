@@ -1,0 +1,208 @@
+//! The engine on the real default model: batching, chunking, preemption and prefix caching
+//! must not change what a request generates.
+
+use serde_json::Value;
+use tokenmill_engine::{
+    EngineHandle, FinishReason, ModelRunner, RequestParams, RequestStream, SamplingParams,
+    SchedulerConfig, StreamEvent, start,
+};
+use tokenmill_gguf::GgufFile;
+use tokenmill_model::LlamaModel;
+
+/// Prompts of the HF greedy fixture (varied lengths: 5 to ~40 tokens).
+fn prompts() -> Vec<Vec<u32>> {
+    let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            c["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn engine(config: SchedulerConfig) -> EngineHandle {
+    let model =
+        LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
+    let runner = ModelRunner::new(model, config.num_blocks, config.block_size);
+    start(runner, config).unwrap().0
+}
+
+fn params(max_tokens: usize, sampling: SamplingParams) -> RequestParams {
+    RequestParams {
+        max_tokens: Some(max_tokens),
+        ignore_eos: true,
+        sampling,
+        ..RequestParams::default()
+    }
+}
+
+/// Collects a stream's tokens; checks it ends with `Length`.
+fn collect(mut s: RequestStream) -> (Vec<u32>, usize) {
+    let (mut tokens, mut cached) = (Vec::new(), 0);
+    while let Some(ev) = s.blocking_next() {
+        match ev {
+            StreamEvent::Token(t) => {
+                tokens.push(t.token);
+                cached = t.num_cached_tokens;
+                if let Some(r) = t.finish_reason {
+                    assert_eq!(r, FinishReason::Length);
+                }
+            }
+            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    (tokens, cached)
+}
+
+fn run_all(h: &EngineHandle, prompts: &[Vec<u32>], p: &RequestParams) -> Vec<Vec<u32>> {
+    let streams: Vec<RequestStream> = prompts
+        .iter()
+        .map(|pr| h.submit(pr.clone(), p.clone()))
+        .collect();
+    streams.into_iter().map(|s| collect(s).0).collect()
+}
+
+fn small_config() -> SchedulerConfig {
+    SchedulerConfig {
+        num_blocks: 256,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 512,
+        max_model_len: 2048,
+        ..SchedulerConfig::default()
+    }
+}
+
+#[test]
+fn greedy_output_is_the_same_alone_batched_chunked_and_preempted() {
+    let prompts: Vec<Vec<u32>> = prompts().into_iter().cycle().take(16).collect();
+    let p = params(24, SamplingParams::greedy());
+    // Alone: one request at a time.
+    let h = engine(small_config());
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|pr| collect(h.submit(pr.clone(), p.clone())).0)
+        .collect();
+    // All 16 at once, staggered: half now, half after the first ones started decoding.
+    let mut streams: Vec<RequestStream> = prompts[..8]
+        .iter()
+        .map(|pr| h.submit(pr.clone(), p.clone()))
+        .collect();
+    let mut first = streams.remove(0);
+    let mut batched = vec![Vec::new()];
+    for _ in 0..3 {
+        if let Some(StreamEvent::Token(t)) = first.blocking_next() {
+            batched[0].push(t.token);
+        }
+    }
+    streams.extend(
+        prompts[8..]
+            .iter()
+            .map(|pr| h.submit(pr.clone(), p.clone())),
+    );
+    batched[0].extend(collect(first).0);
+    batched.extend(streams.into_iter().map(|s| collect(s).0));
+    assert_eq!(batched, alone, "batched != alone");
+    drop(h);
+
+    // Chunked prefill with a 4-token budget per request step (prompts up to ~40 tokens).
+    let chunked = engine(SchedulerConfig {
+        long_prefill_token_threshold: Some(4),
+        enable_prefix_caching: false,
+        ..small_config()
+    });
+    assert_eq!(run_all(&chunked, &prompts, &p), alone, "chunked != alone");
+    drop(chunked);
+
+    // A KV cache too small for all 16: requests get preempted and recomputed.
+    let tight = engine(SchedulerConfig {
+        num_blocks: 24,
+        enable_prefix_caching: false,
+        ..small_config()
+    });
+    assert_eq!(run_all(&tight, &prompts, &p), alone, "preempted != alone");
+    let stats = tight.stats();
+    assert!(
+        stats.scheduler.num_preemptions > 0,
+        "no preemption happened: {stats:?}"
+    );
+}
+
+#[test]
+fn prefix_cache_hit_skips_cached_tokens_and_changes_nothing() {
+    let h = engine(small_config());
+    // A 70-token prompt: four full blocks of 16 can be cached.
+    let prompt: Vec<u32> = prompts().concat().into_iter().take(70).collect();
+    let p = params(16, SamplingParams::greedy());
+    let (first, cached_first) = collect(h.submit(prompt.clone(), p.clone()));
+    let (second, cached_second) = collect(h.submit(prompt.clone(), p.clone()));
+    assert_eq!(cached_first, 0);
+    assert_eq!(cached_second, 64);
+    assert_eq!(first, second);
+    assert!(h.stats().scheduler.prefix_cache.hit_tokens >= 64);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_in_any_batch() {
+    let h = engine(small_config());
+    let prompts = prompts();
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(1234),
+        ..SamplingParams::default()
+    };
+    let p = params(20, sampling);
+    let alone = collect(h.submit(prompts[1].clone(), p.clone())).0;
+    // The same request among others with different seeds.
+    let others: Vec<RequestStream> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, pr)| {
+            let s = SamplingParams {
+                temperature: 1.0,
+                seed: Some(i as u64),
+                ..SamplingParams::default()
+            };
+            h.submit(pr.clone(), params(20, s))
+        })
+        .collect();
+    let again = collect(h.submit(prompts[1].clone(), p.clone())).0;
+    drop(others);
+    assert_eq!(alone, again);
+}
+
+#[test]
+fn dropping_a_stream_aborts_and_frees_its_blocks() {
+    let h = engine(small_config());
+    let p = params(1000, SamplingParams::greedy());
+    let mut s = h.submit(prompts()[0].clone(), p);
+    for _ in 0..2 {
+        assert!(matches!(s.blocking_next(), Some(StreamEvent::Token(_))));
+    }
+    drop(s);
+    // A later request runs to completion; afterwards nothing holds blocks.
+    let (out, _) = collect(h.submit(prompts()[1].clone(), params(4, SamplingParams::greedy())));
+    assert_eq!(out.len(), 4);
+    let stats = h.stats().scheduler;
+    assert_eq!(stats.num_running + stats.num_waiting, 0, "{stats:?}");
+    assert_eq!(stats.num_free_blocks, stats.num_blocks, "{stats:?}");
+}
+
+#[test]
+fn impossible_requests_are_rejected_with_an_error() {
+    let h = engine(small_config());
+    let mut s = h.submit(vec![1; 100], params(4000, SamplingParams::greedy()));
+    assert!(matches!(s.blocking_next(), Some(StreamEvent::Error(_))));
+    assert!(s.blocking_next().is_none());
+    let mut s = h.submit(vec![], params(4, SamplingParams::greedy()));
+    assert!(matches!(s.blocking_next(), Some(StreamEvent::Error(_))));
+}

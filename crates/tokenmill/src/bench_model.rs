@@ -1,0 +1,280 @@
+//! `tokenmill bench-model`: raw model speed, in the manner of `llama-bench` (pp, tg) and
+//! `llama-batched-bench` (decode of many sequences at once), with achieved GFLOP/s, GB/s and
+//! the share of time per op kind.
+//!
+//! - `pp N`: one sequence, an N-token prompt prefilled as one chunk;
+//! - `tg N`: one sequence, N decode steps of one token from an empty context;
+//! - `bd B×N`: B sequences, each prefilled with a `--batched-prompt`-token prompt (not timed),
+//!   then N decode steps of a B-chunk batch — `llama-batched-bench`'s S_TG.
+//!
+//! Each test runs `--repetitions` times and the median is reported. Tokens are pseudo-random
+//! ids, fixed by `--seed`, so no prefix is ever shared.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokenmill_gguf::GgufFile;
+use tokenmill_model::{
+    KvCache, LlamaModel, LogitsWanted, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct BenchModelArgs {
+    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Prompt lengths to prefill (pp tests).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    pub prompt: Vec<usize>,
+    /// Tokens to generate single-stream (tg tests).
+    #[arg(long, value_delimiter = ',', default_value = "128")]
+    pub generate: Vec<usize>,
+    /// Batch sizes for batched decode (bd tests).
+    #[arg(long, value_delimiter = ',', default_value = "8,32")]
+    pub batch: Vec<usize>,
+    /// Prompt length of each sequence before batched decode.
+    #[arg(long, default_value_t = 128)]
+    pub batched_prompt: usize,
+    /// Decode steps of the batched tests.
+    #[arg(long, default_value_t = 128)]
+    pub batched_generate: usize,
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Worker threads for the kernels (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+const BLOCK_SIZE: usize = 16;
+
+/// One test's outcome: tokens processed, median wall time, and the op split of that run.
+struct Outcome {
+    tokens: usize,
+    time: Duration,
+    flops: f64,
+    bytes: f64,
+    ops: OpProfile,
+}
+
+pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
+    crate::init_threads(args.threads);
+    let path = crate::model_path::resolve(args.model.clone())?;
+    let model = LlamaModel::load(GgufFile::open(&path)?)?;
+    let cfg = model.config().clone();
+    let weight_bytes = matmul_weight_bytes(&model);
+    println!(
+        "model: {} ({} layers, hidden {}, {:.1} MiB of matmul weights), threads: {}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        cfg.n_layers,
+        cfg.hidden,
+        weight_bytes / (1u64 << 20) as f64,
+        tokenmill_kernels::pool::global().num_threads(),
+    );
+    println!(
+        "{:<12} {:>8} {:>10} {:>10} {:>9} {:>8}  op share",
+        "test", "tokens", "ms", "tok/s", "GFLOP/s", "GB/s"
+    );
+    let mut rng = args.seed;
+    for &n in &args.prompt {
+        let o = median(args.repetitions, || pp(&model, n, &mut rng));
+        report(&format!("pp{n}"), &o);
+    }
+    for &n in &args.generate {
+        let o = median(args.repetitions, || bd(&model, 1, 0, n, &mut rng));
+        report(&format!("tg{n}"), &o);
+    }
+    for &b in &args.batch {
+        let o = median(args.repetitions, || {
+            bd(
+                &model,
+                b,
+                args.batched_prompt,
+                args.batched_generate,
+                &mut rng,
+            )
+        });
+        report(&format!("bd{b}x{}", args.batched_generate), &o);
+    }
+    Ok(())
+}
+
+fn median(reps: usize, mut f: impl FnMut() -> anyhow::Result<Outcome>) -> Outcome {
+    let mut runs: Vec<Outcome> = (0..reps.max(1))
+        .map(|_| f().expect("benchmark run"))
+        .collect();
+    runs.sort_by_key(|o| o.time);
+    runs.swap_remove(runs.len() / 2)
+}
+
+fn report(name: &str, o: &Outcome) {
+    let secs = o.time.as_secs_f64();
+    let total = o.ops.sum().as_secs_f64().max(1e-12);
+    let shares: Vec<String> = OpKind::ALL
+        .iter()
+        .map(|&k| (k, o.ops.total(k).as_secs_f64() / total))
+        .filter(|(_, s)| *s >= 0.005)
+        .map(|(k, s)| format!("{} {:.0}%", k.name(), s * 100.0))
+        .collect();
+    println!(
+        "{:<12} {:>8} {:>10.1} {:>10.1} {:>9.1} {:>8.1}  {}",
+        name,
+        o.tokens,
+        secs * 1e3,
+        o.tokens as f64 / secs,
+        o.flops / secs / 1e9,
+        o.bytes / secs / 1e9,
+        shares.join(", ")
+    );
+}
+
+fn random_tokens(rng: &mut u64, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| {
+            *rng = rng
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((*rng >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+fn profiled_workspace() -> Workspace {
+    let mut ws = Workspace::default();
+    ws.profile = Some(OpProfile::default());
+    ws
+}
+
+/// Prefill of one `n`-token prompt.
+fn pp(model: &LlamaModel, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
+    let cfg = model.config();
+    let tokens = random_tokens(rng, n, cfg.vocab_size);
+    let mut kv = KvCache::new(cfg, n.div_ceil(BLOCK_SIZE), BLOCK_SIZE);
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut ws = profiled_workspace();
+    let chunk = SeqChunk {
+        tokens: &tokens,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::Last,
+    };
+    let t = Instant::now();
+    model.forward(&[chunk], &mut kv, &mut ws)?;
+    let time = t.elapsed();
+    // Attention: each token attends to ~half the prompt on average.
+    let flops = n as f64 * (flops_per_token(cfg) + attn_flops(cfg, n as f64 / 2.0));
+    let bytes = matmul_weight_bytes(model);
+    Ok(Outcome {
+        tokens: n,
+        time,
+        flops,
+        bytes,
+        ops: ws.profile.unwrap_or_default(),
+    })
+}
+
+/// `b` sequences with `prompt`-token prompts (prefilled untimed), then `steps` decode steps of
+/// the whole batch. `b == 1, prompt == 0` is llama-bench's tg.
+fn bd(
+    model: &LlamaModel,
+    b: usize,
+    prompt: usize,
+    steps: usize,
+    rng: &mut u64,
+) -> anyhow::Result<Outcome> {
+    let cfg = model.config();
+    let per_seq = (prompt + steps).div_ceil(BLOCK_SIZE);
+    let mut kv = KvCache::new(cfg, b * per_seq, BLOCK_SIZE);
+    let tables: Vec<Vec<u32>> = (0..b)
+        .map(|s| {
+            (0..per_seq as u32)
+                .map(|i| s as u32 * per_seq as u32 + i)
+                .collect()
+        })
+        .collect();
+    let mut ws = Workspace::default();
+    let mut last: Vec<u32> = random_tokens(rng, b, cfg.vocab_size);
+    if prompt > 0 {
+        let prompts: Vec<Vec<u32>> = (0..b)
+            .map(|_| random_tokens(rng, prompt, cfg.vocab_size))
+            .collect();
+        let chunks: Vec<SeqChunk> = prompts
+            .iter()
+            .zip(&tables)
+            .map(|(p, t)| SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: t,
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        model.forward(&chunks, &mut kv, &mut ws)?;
+    }
+    ws.profile = Some(OpProfile::default());
+    let t = Instant::now();
+    for step in 0..steps {
+        let tokens = last.clone();
+        let chunks: Vec<SeqChunk> = tokens
+            .chunks(1)
+            .zip(&tables)
+            .map(|(tok, table)| SeqChunk {
+                tokens: tok,
+                start_pos: prompt + step,
+                block_table: table,
+                logits: LogitsWanted::Last,
+            })
+            .collect();
+        let logits = model.forward(&chunks, &mut kv, &mut ws)?;
+        for (s, row) in logits.chunks_exact(cfg.vocab_size).enumerate() {
+            last[s] = tokenmill_engine::argmax(row);
+        }
+    }
+    let time = t.elapsed();
+    let mean_ctx = prompt as f64 + steps as f64 / 2.0;
+    let tokens = b * steps;
+    let flops = tokens as f64 * (flops_per_token(cfg) + attn_flops(cfg, mean_ctx));
+    // Every step streams all weights once, plus each sequence's K/V so far.
+    let kv_bytes = (2 * cfg.n_layers * cfg.kv_dim() * 4) as f64 * mean_ctx * b as f64;
+    let bytes = steps as f64 * (matmul_weight_bytes(model) + kv_bytes);
+    Ok(Outcome {
+        tokens,
+        time,
+        flops,
+        bytes,
+        ops: ws.profile.unwrap_or_default(),
+    })
+}
+
+/// Matmul FLOPs per token: 2 × the parameters of every linear layer and the LM head.
+fn flops_per_token(cfg: &ModelConfig) -> f64 {
+    let (h, q, kv, f) = (
+        cfg.hidden,
+        cfg.n_heads * cfg.head_dim,
+        cfg.kv_dim(),
+        cfg.ffn_hidden,
+    );
+    let per_layer = h * q + 2 * h * kv + q * h + 3 * h * f;
+    2.0 * (cfg.n_layers * per_layer + h * cfg.vocab_size) as f64
+}
+
+/// Attention FLOPs per token at context length `ctx`: QKᵀ and PV over every head and layer.
+fn attn_flops(cfg: &ModelConfig, ctx: f64) -> f64 {
+    4.0 * (cfg.n_layers * cfg.n_heads * cfg.head_dim) as f64 * ctx
+}
+
+/// Bytes of every matmul weight (what one forward step must stream from memory).
+fn matmul_weight_bytes(model: &LlamaModel) -> f64 {
+    let file = model.file();
+    let tied = file.tensor("output.weight").is_none();
+    let mut bytes: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| t.dims.len() == 2 && t.name != "token_embd.weight")
+        .map(|t| t.size)
+        .sum();
+    if tied {
+        bytes += file.tensor("token_embd.weight").map_or(0, |t| t.size);
+    }
+    bytes as f64
+}
