@@ -1,6 +1,8 @@
 //! The `tokenmill` command line: generate, tokenize, inspect.
 
+mod bench_engine;
 mod bench_model;
+mod engine_args;
 mod generate;
 mod inspect;
 mod model_path;
@@ -38,6 +40,8 @@ enum Command {
     },
     /// Measure raw model speed: prefill, single-stream and batched decode (like llama-bench).
     BenchModel(bench_model::BenchModelArgs),
+    /// Load-test the engine in-process (no HTTP): throughput and TTFT/TPOT percentiles.
+    BenchEngine(bench_engine::BenchEngineArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
 }
@@ -56,6 +60,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::BenchModel(args) => bench_model::run(args),
+        Command::BenchEngine(args) => bench_engine::run(args),
         Command::Inspect { path } => inspect::run(&path),
     }
 }

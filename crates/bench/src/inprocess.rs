@@ -1,0 +1,135 @@
+//! Closed-loop load on the engine handle, in-process (no HTTP, no tokenizer): separates
+//! engine throughput from server cost.
+//!
+//! `concurrency` client threads each take the next request of the workload, submit it, read
+//! its stream to the end, and repeat. Token arrival times are taken on the client threads.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokenmill_engine::{EngineHandle, RequestParams, StreamEvent};
+
+use crate::stats::RequestRecord;
+
+/// One request of a workload: prompt ids and the number of tokens to generate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkItem {
+    pub prompt: Vec<u32>,
+    pub output_len: usize,
+}
+
+/// `vllm bench serve --dataset-name random`: prompt and output lengths drawn uniformly from
+/// `len × [1 - range_ratio, 1 + range_ratio]`, token ids uniform in `0..vocab`, from `seed`.
+pub fn random_workload(
+    num_prompts: usize,
+    input_len: usize,
+    output_len: usize,
+    range_ratio: f64,
+    vocab: usize,
+    seed: u64,
+) -> Vec<WorkItem> {
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 11
+    };
+    let draw_len = |len: usize, next: &mut dyn FnMut() -> u64| {
+        let lo = ((len as f64) * (1.0 - range_ratio)).round().max(1.0) as u64;
+        let hi = ((len as f64) * (1.0 + range_ratio)).round().max(lo as f64) as u64;
+        (lo + next() % (hi - lo + 1)) as usize
+    };
+    (0..num_prompts)
+        .map(|_| {
+            let n_in = draw_len(input_len, &mut next);
+            let n_out = draw_len(output_len, &mut next);
+            let prompt = (0..n_in).map(|_| (next() % vocab as u64) as u32).collect();
+            WorkItem {
+                prompt,
+                output_len: n_out,
+            }
+        })
+        .collect()
+}
+
+/// Runs `work` with `concurrency` clients; returns one record per request and the wall time.
+/// Every request uses `params` with `max_tokens = output_len` and `ignore_eos` set.
+pub fn run_closed_loop(
+    handle: &EngineHandle,
+    work: &[WorkItem],
+    concurrency: usize,
+    params: &RequestParams,
+) -> (Vec<RequestRecord>, Duration) {
+    let next = AtomicUsize::new(0);
+    let start = Instant::now();
+    let mut records: Vec<(usize, RequestRecord)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..concurrency.max(1))
+            .map(|_| {
+                s.spawn(|| {
+                    let mut done = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(item) = work.get(i) else { break };
+                        done.push((i, run_one(handle, item, params)));
+                    }
+                    done
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("bench client thread"))
+            .collect()
+    });
+    let elapsed = start.elapsed();
+    records.sort_by_key(|r| r.0);
+    (records.into_iter().map(|r| r.1).collect(), elapsed)
+}
+
+fn run_one(handle: &EngineHandle, item: &WorkItem, params: &RequestParams) -> RequestRecord {
+    let params = RequestParams {
+        max_tokens: Some(item.output_len),
+        ignore_eos: true,
+        ..params.clone()
+    };
+    let sent = Instant::now();
+    let mut stream = handle.submit(item.prompt.clone(), params);
+    let mut rec = RequestRecord {
+        prompt_tokens: item.prompt.len(),
+        ok: true,
+        ..RequestRecord::default()
+    };
+    while let Some(ev) = stream.blocking_next() {
+        match ev {
+            StreamEvent::Token(_) => rec.token_times.push(sent.elapsed()),
+            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::Error(_) => rec.ok = false,
+        }
+    }
+    rec.ok &= rec.token_times.len() == item.output_len;
+    rec
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_workload_respects_lengths_and_seed() {
+        let a = random_workload(50, 100, 20, 0.5, 1000, 7);
+        assert_eq!(a, random_workload(50, 100, 20, 0.5, 1000, 7));
+        assert_ne!(a, random_workload(50, 100, 20, 0.5, 1000, 8));
+        for w in &a {
+            assert!((50..=150).contains(&w.prompt.len()), "{}", w.prompt.len());
+            assert!((10..=30).contains(&w.output_len));
+            assert!(w.prompt.iter().all(|&t| t < 1000));
+        }
+        let fixed = random_workload(5, 64, 8, 0.0, 10, 1);
+        assert!(
+            fixed
+                .iter()
+                .all(|w| w.prompt.len() == 64 && w.output_len == 8)
+        );
+    }
+}

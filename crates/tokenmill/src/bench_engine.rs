@@ -1,0 +1,66 @@
+//! `tokenmill bench-engine`: a closed-loop load on the engine in-process (no HTTP), reported
+//! in `vllm bench serve`'s labels — to compare batching modes and SLA targets on the engine
+//! alone.
+
+use tokenmill_bench::inprocess::{random_workload, run_closed_loop};
+use tokenmill_bench::stats::Summary;
+use tokenmill_engine::{RequestParams, SamplingParams};
+
+use crate::engine_args::EngineArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchEngineArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Requests in the run.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Clients, each with one request in flight.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Lengths are drawn from len × [1 − r, 1 + r].
+    #[arg(long, default_value_t = 0.0)]
+    pub range_ratio: f64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Percentiles to report.
+    #[arg(long, value_delimiter = ',', default_value = "50,95,99")]
+    pub percentiles: Vec<f64>,
+}
+
+pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
+    let (handle, path) = args.engine.start()?;
+    let vocab = tokenmill_gguf::GgufFile::open(&path)?
+        .tensor("token_embd.weight")
+        .and_then(|t| t.dims.get(1).copied())
+        .unwrap_or(32000) as usize;
+    let work = random_workload(
+        args.num_prompts,
+        args.input_len,
+        args.output_len,
+        args.range_ratio,
+        vocab,
+        args.seed,
+    );
+    let params = RequestParams {
+        sampling: SamplingParams::greedy(),
+        ..RequestParams::default()
+    };
+    let (records, duration) = run_closed_loop(&handle, &work, args.concurrency, &params);
+    let summary = Summary::of(&records, duration, &args.percentiles);
+    let title = format!(
+        "{:?} batching, concurrency {}",
+        args.engine.batching, args.concurrency
+    );
+    println!("{}", summary.render(&title));
+    let step = handle.stats();
+    println!(
+        "engine steps: {}  preemptions: {}  step time predicted vs measured: mean abs error {:.2} ms",
+        step.steps, step.scheduler.num_preemptions, step.scheduler.step_time.mean_abs_error_ms
+    );
+    Ok(())
+}
