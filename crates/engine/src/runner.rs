@@ -4,6 +4,10 @@
 //! Owns the model, the KV storage, the activation workspace and each request's [`Sampler`]
 //! (created on the request's first sample, dropped when the scheduler says it finished). A
 //! sampler outlives preemption, so a seeded request continues its random stream unchanged.
+//!
+//! The KV storage has one block more than the scheduler hands out: the scratch block that
+//! static batching's pad tokens write to (each pad is a one-token chunk at position 0 whose
+//! output is discarded — it costs what a padded slot costs, the matmuls).
 
 use std::collections::HashMap;
 
@@ -38,17 +42,23 @@ pub struct ModelRunner {
     samplers: HashMap<RequestId, Sampler>,
     /// Scratch: tokens banned for the request being sampled.
     banned: Vec<u32>,
+    /// Block table of the pad scratch block.
+    pad_table: [u32; 1],
 }
+
+/// The token a pad slot runs.
+const PAD: [u32; 1] = [0];
 
 impl ModelRunner {
     pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> ModelRunner {
-        let kv = KvCache::new(model.config(), num_blocks, block_size);
+        let kv = KvCache::new(model.config(), num_blocks + 1, block_size);
         ModelRunner {
             model,
             kv,
             ws: Workspace::default(),
             samplers: HashMap::new(),
             banned: Vec::new(),
+            pad_table: [num_blocks as u32],
         }
     }
 
@@ -67,7 +77,13 @@ impl ModelRunner {
         out: &SchedulerOutput,
         sched: &Scheduler,
     ) -> Result<StepResult, EngineError> {
-        let chunks: Vec<SeqChunk<'_>> = out.seq_chunks().collect();
+        let mut chunks: Vec<SeqChunk<'_>> = out.seq_chunks().collect();
+        chunks.extend((0..out.num_pad_tokens).map(|_| SeqChunk {
+            tokens: &PAD,
+            start_pos: 0,
+            block_table: &self.pad_table,
+            logits: LogitsWanted::None,
+        }));
         let vocab = self.model.config().vocab_size;
         let logits = self
             .model

@@ -37,7 +37,10 @@
 //! Static batching (`Batching::Static`, for comparison only): when nothing runs, admit up to
 //! `max_num_seqs` waiting requests (once that many wait, or the oldest waited `max_wait`),
 //! reserving each one's worst-case blocks (the padding a static batch pays), and admit no one
-//! else until the whole batch has finished.
+//! else until the whole batch has finished. The batch also pays for padding in compute, as a
+//! padded batch does: each prompt is padded to the batch's longest, and a member that has
+//! finished keeps its slot until the slowest one is done — `SchedulerOutput::num_pad_tokens`
+//! says how many pad tokens the step runs on top of its chunks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
@@ -176,6 +179,8 @@ pub struct Scheduler {
     next_seq: u64,
     num_preemptions: u64,
     step_model: StepTimeModel,
+    /// Static batching: (members, longest prompt) of the batch now running.
+    static_batch: Option<(usize, usize)>,
 }
 
 impl Scheduler {
@@ -197,6 +202,7 @@ impl Scheduler {
             next_seq: 0,
             num_preemptions: 0,
             step_model: StepTimeModel::default(),
+            static_batch: None,
         })
     }
 
@@ -319,10 +325,12 @@ impl Scheduler {
             }
             Batching::Static { max_wait } => {
                 if self.running.is_empty() {
+                    self.static_batch = None;
                     self.admit_static_batch(max_wait);
                 }
                 let mut budget = self.step_budget(false);
                 self.schedule_running(&mut budget, out);
+                out.num_pad_tokens = self.static_padding();
             }
         }
         self.materialize(out);
@@ -667,6 +675,33 @@ impl Scheduler {
             }
             self.admit(key, prefix.num_tokens);
         }
+        let longest = self
+            .running
+            .iter()
+            .map(|id| self.requests[id].num_prompt_tokens())
+            .max();
+        self.static_batch = longest.map(|l| (self.running.len(), l));
+    }
+
+    /// Pad tokens of this static-batching step: prompts starting their prefill are padded to
+    /// the batch's longest, and finished members still occupy their slots.
+    fn static_padding(&self) -> usize {
+        let Some((members, longest)) = self.static_batch else {
+            return 0;
+        };
+        let prompt_pads: usize = self
+            .plan
+            .iter()
+            .map(|(id, _)| &self.requests[id])
+            .filter(|r| r.num_computed_tokens == 0)
+            .map(|r| longest - r.num_prompt_tokens())
+            .sum();
+        let idle_slots = if self.plan.is_empty() {
+            0
+        } else {
+            members.saturating_sub(self.running.len())
+        };
+        prompt_pads + idle_slots
     }
 
     /// Writes the final plan into `out`.

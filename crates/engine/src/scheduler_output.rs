@@ -48,6 +48,9 @@ pub struct SchedulerOutput {
     /// The step as the cost model sees it, and the time it predicts.
     pub features: StepFeatures,
     pub predicted: Duration,
+    /// Static batching only: pad tokens the step computes besides its chunks (see
+    /// `Scheduler`'s static mode); the runner spends them on a scratch slot.
+    pub num_pad_tokens: usize,
     /// `[Σ num_tokens]`
     token_ids: Vec<u32>,
     /// `[Σ num_blocks]`
@@ -67,6 +70,7 @@ impl SchedulerOutput {
         self.finished_req_ids.clear();
         self.features = StepFeatures::default();
         self.predicted = Duration::ZERO;
+        self.num_pad_tokens = 0;
         self.token_ids.clear();
         self.block_ids.clear();
     }

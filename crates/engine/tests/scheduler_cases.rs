@@ -463,6 +463,35 @@ fn static_batching_waits_for_a_full_batch() {
 }
 
 #[test]
+fn static_batching_pays_for_padding() {
+    let mut d = Driver::new(SchedulerConfig {
+        batching: Batching::Static {
+            max_wait: Duration::ZERO,
+        },
+        ..cfg(4, 64, 64, 3)
+    });
+    d.submit(1, tokens(1, 4), params_exact(1));
+    d.submit(2, tokens(2, 8), params_exact(2));
+    d.submit(3, tokens(3, 12), params_exact(4));
+    d.step();
+    // Prefill: prompts padded to the longest (12): 8 + 4 pad tokens.
+    assert_eq!(d.out.chunks.len(), 3);
+    assert_eq!(d.out.num_pad_tokens, 8 + 4);
+    let mut pads = Vec::new();
+    while !d.out.is_empty() {
+        d.step();
+        pads.push((d.out.chunks.len(), d.out.num_pad_tokens));
+    }
+    // Finished members keep their slots: running + pads = 3 on every decode step.
+    assert!(
+        pads[..pads.len() - 1].iter().all(|&(n, p)| n + p == 3),
+        "{pads:?}"
+    );
+    assert!(pads.iter().any(|&(_, p)| p > 0), "{pads:?}");
+    d.check_against_reference();
+}
+
+#[test]
 fn scheduler_output_buffers_are_reused() {
     let mut d = Driver::new(cfg(4, 64, 64, 8));
     for i in 0..8 {
