@@ -6,6 +6,7 @@ mod engine_args;
 mod generate;
 mod inspect;
 mod model_path;
+mod serve;
 
 use std::path::PathBuf;
 
@@ -44,6 +45,10 @@ enum Command {
     BenchEngine(bench_engine::BenchEngineArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
+    /// Serve the model over an OpenAI/vLLM-compatible HTTP API (default 127.0.0.1:8080).
+    Serve(Box<serve::ServeArgs>),
+    /// Serve tokenize/detokenize/chat-render over gRPC (for `serve --tokenizer-endpoint`).
+    TokenizerServer(serve::TokenizerServerArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +67,8 @@ fn main() -> anyhow::Result<()> {
         Command::BenchModel(args) => bench_model::run(args),
         Command::BenchEngine(args) => bench_engine::run(args),
         Command::Inspect { path } => inspect::run(&path),
+        Command::Serve(args) => serve::run(*args),
+        Command::TokenizerServer(args) => serve::run_tokenizer_server(args),
     }
 }
 

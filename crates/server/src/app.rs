@@ -1,0 +1,305 @@
+//! The router, its middleware, and serving with a graceful drain.
+//!
+//! Layers, outermost first: CORS (only with `allowed_origins`), request log + rejection
+//! counting, the drain gate (POSTs get 503 once draining), the API key (every route but
+//! `/health`, and `/metrics` unless `api_key_metrics`), the body limit (413). Unknown routes
+//! are 404 and wrong methods 405, both in OpenAI's error shape.
+//!
+//! Loading ([`serve_when_ready`]): the listener is up while the model loads and every route,
+//! `/health` included, answers 503 until the state is ready.
+//!
+//! Drain ([`serve`]): when `shutdown` resolves, `/health` turns 503 and new work (POSTs) is
+//! refused with 503 while in-flight requests — streams included — run to their end; once
+//! none is left (or `drain_timeout` passed) the listener closes, open connections get a
+//! moment to flush their last frames, and [`serve`] returns `Ok`. Whatever is still running
+//! then is dropped, which aborts it in the engine.
+
+use std::future::{Future, IntoFuture};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tower::ServiceExt;
+use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+
+use crate::error::ApiError;
+use crate::metrics::RejectReason;
+use crate::routes::{chat, completions, generate, info, tokenize};
+use crate::state::SharedState;
+
+/// The full application router.
+pub fn router(state: SharedState) -> Router {
+    let mut protected = Router::new()
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(info::models))
+        .route("/tokenize", post(tokenize::tokenize))
+        .route("/detokenize", post(tokenize::detokenize))
+        .route("/generate", post(generate::generate))
+        .route("/server_info", get(info::server_info))
+        .route("/version", get(info::version));
+    let mut open = Router::new().route("/health", get(info::health));
+    if state.config.api_key_metrics {
+        protected = protected.route("/metrics", get(info::metrics));
+    } else {
+        open = open.route("/metrics", get(info::metrics));
+    }
+    let protected = protected.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        require_api_key,
+    ));
+    let mut app = open
+        .merge(protected)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), drain_gate))
+        .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
+        .with_state(state.clone());
+    if let Some(cors) = cors_layer(&state.config.allowed_origins) {
+        app = app.layer(cors);
+    }
+    app
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed()
+}
+
+fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let layer = CorsLayer::new().allow_methods(Any).allow_headers(Any);
+    if origins.iter().any(|o| o == "*") {
+        return Some(layer.allow_origin(Any));
+    }
+    let list: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    Some(layer.allow_origin(AllowOrigin::list(list)))
+}
+
+/// Whether `token` equals `key`, in time independent of where they differ.
+pub fn key_matches(token: &str, key: &str) -> bool {
+    token.len() == key.len() && bool::from(token.as_bytes().ct_eq(key.as_bytes()))
+}
+
+async fn require_api_key(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let Some(key) = &state.config.api_key else {
+        return next.run(req).await;
+    };
+    let ok = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.strip_prefix("Bearer "))
+        .is_some_and(|token| key_matches(token.trim(), key));
+    if !ok {
+        state.metrics.reject(RejectReason::Unauthorized);
+        return ApiError::unauthorized().into_response();
+    }
+    next.run(req).await
+}
+
+/// Once draining, new work (POSTs) is refused with 503.
+async fn drain_gate(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    if state.is_draining() && req.method() == Method::POST {
+        state.metrics.reject(RejectReason::Draining);
+        return ApiError::draining().into_response();
+    }
+    next.run(req).await
+}
+
+/// Logs each request (method, path, status, time; never bodies) and counts client errors
+/// other than 401/429, which are counted where they are decided.
+async fn log_and_count(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let t = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if status.is_client_error()
+        && status != StatusCode::TOO_MANY_REQUESTS
+        && status != StatusCode::UNAUTHORIZED
+    {
+        state.metrics.reject(RejectReason::InvalidRequest);
+    }
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    if path == "/health" || path == "/metrics" {
+        tracing::debug!(%method, %path, status = status.as_u16(), ms, "request");
+    } else {
+        tracing::info!(%method, %path, status = status.as_u16(), ms, "request");
+    }
+    resp
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, then drains (module doc).
+pub async fn serve(
+    listener: TcpListener,
+    state: SharedState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    serve_when_ready(
+        listener,
+        async move { Ok::<_, std::convert::Infallible>(state) },
+        shutdown,
+    )
+    .await
+}
+
+/// Like [`serve`], but the state arrives when `ready` resolves (the model loads meanwhile):
+/// until then every route, `/health` included, answers 503. A failed `ready` ends the
+/// server with its error; a `shutdown` while loading ends it at once.
+pub async fn serve_when_ready<E: std::fmt::Display>(
+    listener: TcpListener,
+    ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let slot: Arc<OnceLock<(SharedState, Router)>> = Arc::default();
+    let app = Router::new().fallback({
+        let slot = slot.clone();
+        move |req: Request| {
+            let slot = slot.clone();
+            async move {
+                match slot.get() {
+                    Some((_, router)) => match router.clone().oneshot(req).await {
+                        Ok(resp) => resp,
+                        Err(never) => match never {},
+                    },
+                    None => ApiError::loading().into_response(),
+                }
+            }
+        }
+    });
+    let address = listener.local_addr().ok();
+    let deadline: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let failed: Arc<Mutex<Option<String>>> = Arc::default();
+    let closing = Arc::new(Notify::new());
+    let drained = {
+        let (slot, deadline, failed, closing) = (
+            slot.clone(),
+            deadline.clone(),
+            failed.clone(),
+            closing.clone(),
+        );
+        async move {
+            tokio::pin!(shutdown);
+            let state = tokio::select! {
+                _ = &mut shutdown => return,
+                r = ready => match r {
+                    Ok(state) => state,
+                    Err(e) => {
+                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+                        return;
+                    }
+                },
+            };
+            let _ = slot.set((state.clone(), router(state.clone())));
+            match address {
+                Some(address) => {
+                    tracing::info!(%address, model = state.model_name(), "serving");
+                }
+                None => tracing::info!(model = state.model_name(), "serving"),
+            }
+            shutdown.await;
+            let timeout = state.config.drain_timeout;
+            let until = Instant::now() + timeout;
+            *deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
+            state.start_draining();
+            tracing::info!(
+                timeout_s = timeout.as_secs_f64(),
+                in_flight = state.in_flight(),
+                "shutting down: draining in-flight requests"
+            );
+            // Still accepting: /health says 503, new work gets 503, running work finishes.
+            while state.in_flight() > 0 && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            closing.notify_one();
+        }
+    };
+    let server = axum::serve(listener, app)
+        .with_graceful_shutdown(drained)
+        .into_future();
+    tokio::pin!(server);
+    let failure =
+        |r: std::io::Result<()>| match failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(e) => Err(std::io::Error::other(e)),
+            None => r,
+        };
+    tokio::select! {
+        r = &mut server => return failure(r),
+        _ = closing.notified() => {}
+    }
+    // The listener is closed; let open connections flush their last frames.
+    let until = deadline
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_else(Instant::now);
+    let grace = until
+        .saturating_duration_since(Instant::now())
+        .max(Duration::from_secs(1));
+    match tokio::time::timeout(grace, &mut server).await {
+        Ok(r) => {
+            tracing::info!("drained");
+            r
+        }
+        Err(_) => {
+            let in_flight = slot.get().map_or(0, |(s, _)| s.in_flight());
+            tracing::warn!(
+                in_flight,
+                "drain timeout: dropping the requests still in flight"
+            );
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(key_matches("secret", "secret"));
+        assert!(!key_matches("secreT", "secret"));
+        assert!(!key_matches("secret2", "secret"));
+        assert!(!key_matches("", "secret"));
+    }
+}

@@ -1,0 +1,392 @@
+//! Prometheus metrics under vLLM's names (label `model_name`), so dashboards, autoscaling
+//! rules and routers built for vLLM work unchanged, plus `tokenmill_*` metrics for what vLLM
+//! lacks (predicted vs measured step time, batch size, rejected requests by reason).
+//!
+//! Gauges (running, waiting, KV usage, cache config, prefix cache, preemptions, step stats)
+//! are read from the engine's stats snapshot at scrape time; counters and histograms of
+//! requests are recorded here by the request path ([`crate::generation`]). Rendered by hand
+//! in the text exposition format 0.0.4: the set is small and fixed.
+//!
+//! Histogram buckets are vLLM's. `vllm:request_queue_time_seconds` is approximated as time
+//! to first token minus the duration of the engine step that produced it (the engine does
+//! not report per-request scheduling times); with chunked prefill over several steps it
+//! overstates the queue time by the earlier chunks.
+
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokenmill_engine::{EngineStats, FinishReason};
+
+const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+const LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// Why a request was turned away before reaching the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectReason {
+    WaitingRequests,
+    WaitingTokens,
+    Draining,
+    InvalidRequest,
+    Unauthorized,
+}
+
+impl RejectReason {
+    const ALL: [RejectReason; 5] = [
+        RejectReason::WaitingRequests,
+        RejectReason::WaitingTokens,
+        RejectReason::Draining,
+        RejectReason::InvalidRequest,
+        RejectReason::Unauthorized,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RejectReason::WaitingRequests => "max_waiting_requests",
+            RejectReason::WaitingTokens => "max_waiting_tokens",
+            RejectReason::Draining => "draining",
+            RejectReason::InvalidRequest => "invalid_request",
+            RejectReason::Unauthorized => "unauthorized",
+        }
+    }
+}
+
+/// A fixed-bucket histogram.
+struct Histogram {
+    buckets: &'static [f64],
+    /// Per bucket (not cumulative), plus `+Inf` last; the sum; the count.
+    state: Mutex<(Vec<u64>, f64, u64)>,
+}
+
+impl Histogram {
+    fn new(buckets: &'static [f64]) -> Histogram {
+        Histogram {
+            buckets,
+            state: Mutex::new((vec![0; buckets.len() + 1], 0.0, 0)),
+        }
+    }
+
+    fn observe(&self, secs: f64) {
+        let i = self
+            .buckets
+            .iter()
+            .position(|&b| secs <= b)
+            .unwrap_or(self.buckets.len());
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0[i] += 1;
+        s.1 += secs;
+        s.2 += 1;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str, label: &str) {
+        let (counts, sum, count) = self.state.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        header(out, name, help, "histogram");
+        let mut cum = 0;
+        for (b, c) in self.buckets.iter().zip(&counts) {
+            cum += c;
+            let _ = writeln!(out, "{name}_bucket{{{label},le=\"{b:?}\"}} {cum}");
+        }
+        let _ = writeln!(out, "{name}_bucket{{{label},le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{{label}}} {sum:?}");
+        let _ = writeln!(out, "{name}_count{{{label}}} {count}");
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Request counters and histograms.
+pub struct Metrics {
+    /// `model_name="..."`, escaped.
+    label: String,
+    prompt_tokens: AtomicU64,
+    generation_tokens: AtomicU64,
+    /// Finished requests by reason: stop, length, abort.
+    success: [AtomicU64; 3],
+    rejected: [AtomicU64; 5],
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    queue: Histogram,
+}
+
+impl Metrics {
+    pub fn new(model_name: String) -> Metrics {
+        Metrics {
+            label: format!("model_name=\"{}\"", escape_label(&model_name)),
+            prompt_tokens: AtomicU64::new(0),
+            generation_tokens: AtomicU64::new(0),
+            success: Default::default(),
+            rejected: Default::default(),
+            ttft: Histogram::new(TTFT_BUCKETS),
+            itl: Histogram::new(ITL_BUCKETS),
+            e2e: Histogram::new(LATENCY_BUCKETS),
+            queue: Histogram::new(LATENCY_BUCKETS),
+        }
+    }
+
+    pub fn reject(&self, reason: RejectReason) {
+        let i = RejectReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.rejected[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn rejected(&self, reason: RejectReason) -> u64 {
+        let i = RejectReason::ALL
+            .iter()
+            .position(|r| *r == reason)
+            .unwrap_or(0);
+        self.rejected[i].load(Ordering::Relaxed)
+    }
+
+    /// First output of a request: prompt tokens, time to first token and queue time.
+    pub fn first_token(&self, prompt_tokens: usize, ttft: Duration, step: Duration) {
+        self.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.ttft.observe(ttft.as_secs_f64());
+        self.queue.observe(ttft.saturating_sub(step).as_secs_f64());
+    }
+
+    pub fn inter_token(&self, gap: Duration) {
+        self.itl.observe(gap.as_secs_f64());
+    }
+
+    /// A request ended (`None`: aborted by the client or by a stop string).
+    pub fn finished(&self, reason: Option<FinishReason>, output_tokens: usize, e2e: Duration) {
+        let i = match reason {
+            Some(FinishReason::Stop) => 0,
+            Some(FinishReason::Length) => 1,
+            Some(FinishReason::Abort) | None => 2,
+        };
+        self.success[i].fetch_add(1, Ordering::Relaxed);
+        self.generation_tokens
+            .fetch_add(output_tokens as u64, Ordering::Relaxed);
+        self.e2e.observe(e2e.as_secs_f64());
+    }
+
+    /// The whole exposition: engine gauges from `stats`, then request metrics.
+    pub fn render(&self, stats: &EngineStats, block_size: usize, waiting_extra: usize) -> String {
+        let l = &self.label;
+        let s = &stats.scheduler;
+        let mut out = String::with_capacity(16 << 10);
+        let mut gauge = |name: &str, help: &str, v: f64| {
+            header(&mut out, name, help, "gauge");
+            let _ = writeln!(out, "{name}{{{l}}} {v:?}");
+        };
+        gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            s.num_running as f64,
+        );
+        gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            (s.num_waiting + waiting_extra) as f64,
+        );
+        gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            s.kv_usage,
+        );
+        let step = &s.step_time;
+        let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+        gauge(
+            "tokenmill_step_time_predicted_seconds",
+            "Step time the scheduler's cost model predicted for the last step.",
+            secs(step.last_predicted),
+        );
+        gauge(
+            "tokenmill_step_time_measured_seconds",
+            "Measured duration of the last engine step.",
+            secs(step.last_measured),
+        );
+        gauge(
+            "tokenmill_step_time_mean_abs_error_seconds",
+            "Mean absolute error of the step-time model over all steps.",
+            step.mean_abs_error_ms / 1e3,
+        );
+        gauge(
+            "tokenmill_batch_size",
+            "Sequences in the last engine step.",
+            stats.last_batch_seqs as f64,
+        );
+        gauge(
+            "tokenmill_batch_tokens",
+            "Tokens in the last engine step.",
+            stats.last_batch_tokens as f64,
+        );
+        gauge(
+            "tokenmill_kv_cache_free_blocks",
+            "Free KV-cache blocks.",
+            s.num_free_blocks as f64,
+        );
+
+        header(
+            &mut out,
+            "vllm:cache_config_info",
+            "Information of the KV cache configuration.",
+            "gauge",
+        );
+        let _ = writeln!(
+            out,
+            "vllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{}\",{l}}} 1.0",
+            s.num_blocks
+        );
+
+        let mut counter = |name: &str, help: &str, v: u64| {
+            header(&mut out, name, help, "counter");
+            let _ = writeln!(out, "{name}{{{l}}} {v}.0");
+        };
+        let pc = &s.prefix_cache;
+        counter(
+            "vllm:prefix_cache_queries_total",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            pc.query_tokens,
+        );
+        counter(
+            "vllm:prefix_cache_hits_total",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            pc.hit_tokens,
+        );
+        counter(
+            "vllm:num_preemptions_total",
+            "Cumulative number of preemptions from the engine.",
+            s.num_preemptions,
+        );
+        counter(
+            "vllm:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            self.prompt_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            "vllm:generation_tokens_total",
+            "Number of generation tokens processed.",
+            self.generation_tokens.load(Ordering::Relaxed),
+        );
+        counter(
+            "tokenmill_engine_steps_total",
+            "Engine steps run.",
+            stats.steps,
+        );
+
+        header(
+            &mut out,
+            "vllm:request_success_total",
+            "Count of successfully processed requests.",
+            "counter",
+        );
+        for (i, reason) in ["stop", "length", "abort"].iter().enumerate() {
+            let v = self.success[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "vllm:request_success_total{{finished_reason=\"{reason}\",{l}}} {v}.0"
+            );
+        }
+        header(
+            &mut out,
+            "tokenmill_rejected_requests_total",
+            "Requests turned away before reaching the engine, by reason.",
+            "counter",
+        );
+        for (i, r) in RejectReason::ALL.iter().enumerate() {
+            let v = self.rejected[i].load(Ordering::Relaxed);
+            let _ = writeln!(
+                out,
+                "tokenmill_rejected_requests_total{{reason=\"{}\",{l}}} {v}.0",
+                r.label()
+            );
+        }
+
+        self.ttft.render(
+            &mut out,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            l,
+        );
+        self.itl.render(
+            &mut out,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            l,
+        );
+        self.e2e.render(
+            &mut out,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            l,
+        );
+        self.queue.render(
+            &mut out,
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.",
+            l,
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_vllm_names_with_model_label() {
+        let m = Metrics::new("my \"model\"".into());
+        m.first_token(5, Duration::from_millis(30), Duration::from_millis(10));
+        m.inter_token(Duration::from_millis(12));
+        m.finished(Some(FinishReason::Length), 7, Duration::from_millis(400));
+        m.reject(RejectReason::WaitingTokens);
+        let text = m.render(&EngineStats::default(), 16, 0);
+        for name in [
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:kv_cache_usage_perc",
+            "vllm:cache_config_info",
+            "vllm:prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total",
+            "vllm:prompt_tokens_total",
+            "vllm:generation_tokens_total",
+            "vllm:request_success_total",
+            "vllm:num_preemptions_total",
+            "vllm:time_to_first_token_seconds_bucket",
+            "vllm:inter_token_latency_seconds_count",
+            "vllm:e2e_request_latency_seconds_sum",
+            "vllm:request_queue_time_seconds_bucket",
+        ] {
+            assert!(text.contains(name), "{name} missing");
+        }
+        assert!(text.contains(r#"model_name="my \"model\"""#));
+        assert!(text.contains(r#"vllm:generation_tokens_total{model_name="my \"model\""} 7.0"#));
+        assert!(text.contains(r#"finished_reason="length""#));
+        assert!(text.contains(r#"reason="max_waiting_tokens",model_name="my \"model\""} 1.0"#));
+        // Cumulative buckets: the 30 ms TTFT is in le=0.04 and above, not in le=0.02.
+        assert!(text.contains(
+            r#"vllm:time_to_first_token_seconds_bucket{model_name="my \"model\"",le="0.02"} 0"#
+        ));
+        assert!(text.contains(
+            r#"vllm:time_to_first_token_seconds_bucket{model_name="my \"model\"",le="0.04"} 1"#
+        ));
+    }
+}

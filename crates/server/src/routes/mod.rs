@@ -1,0 +1,8 @@
+//! HTTP handlers, one module per concern.
+
+pub mod chat;
+pub mod common;
+pub mod completions;
+pub mod generate;
+pub mod info;
+pub mod tokenize;

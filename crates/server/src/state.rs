@@ -1,0 +1,126 @@
+//! [`ServerConfig`] (what the operator decides) and [`AppState`] (what every handler
+//! shares: the engine handle, the tokenizer pool, admission, metrics, the drain flag).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokenmill_engine::EngineHandle;
+
+use crate::admission::Admission;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::tokenizer_pool::TokenizerPool;
+
+/// Server settings (the `tokenmill serve` flags that are not the engine's).
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Names clients may use in `model`; the first is reported by `/v1/models`.
+    pub served_model_names: Vec<String>,
+    /// Path of the model file (`/server_info`, `/v1/models` `root`).
+    pub model_path: String,
+    /// Required as `Authorization: Bearer <key>` on every route but `/health` (and
+    /// `/metrics` unless `api_key_metrics`).
+    pub api_key: Option<String>,
+    pub api_key_metrics: bool,
+    /// CORS origins; empty = CORS off. `*` allows any.
+    pub allowed_origins: Vec<String>,
+    pub max_waiting_requests: usize,
+    pub max_waiting_tokens: usize,
+    /// How long in-flight requests may run after SIGTERM/SIGINT.
+    pub drain_timeout: Duration,
+    pub max_body_bytes: usize,
+    /// Concurrent tokenizer jobs on the blocking pool.
+    pub tokenizer_workers: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            served_model_names: vec!["tokenmill".into()],
+            model_path: String::new(),
+            api_key: None,
+            api_key_metrics: false,
+            allowed_origins: Vec::new(),
+            max_waiting_requests: 256,
+            max_waiting_tokens: 256 * 1024,
+            drain_timeout: Duration::from_secs(30),
+            max_body_bytes: 16 << 20,
+            tokenizer_workers: 2,
+        }
+    }
+}
+
+/// Everything handlers share.
+pub struct AppState {
+    pub config: ServerConfig,
+    pub engine: EngineHandle,
+    pub pool: TokenizerPool,
+    pub admission: Arc<Admission>,
+    pub metrics: Arc<Metrics>,
+    draining: AtomicBool,
+    /// Engine requests in flight (choices not yet ended), for the drain.
+    pub in_flight: Arc<AtomicUsize>,
+    /// Unix seconds at startup (`created` of `/v1/models`).
+    pub created: u64,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    pub fn new(config: ServerConfig, engine: EngineHandle, pool: TokenizerPool) -> AppState {
+        let name = config
+            .served_model_names
+            .first()
+            .cloned()
+            .unwrap_or_default();
+        AppState {
+            admission: Arc::new(Admission::new(
+                config.max_waiting_requests,
+                config.max_waiting_tokens,
+            )),
+            metrics: Arc::new(Metrics::new(name)),
+            config,
+            engine,
+            pool,
+            draining: AtomicBool::new(false),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        }
+    }
+
+    pub fn model_name(&self) -> &str {
+        self.config
+            .served_model_names
+            .first()
+            .map_or("", |s| s.as_str())
+    }
+
+    /// 404 unless `model` (if given) is one of the served names.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if !self.config.served_model_names.iter().any(|n| n == m) => {
+                Err(ApiError::model_not_found(m))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.engine.config().max_model_len
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+}

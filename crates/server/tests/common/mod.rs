@@ -1,0 +1,192 @@
+//! Shared helpers of the server's end-to-end tests: an in-process server on an ephemeral
+//! port over the real default model, SSE parsing and `/metrics` scraping.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokenmill_engine::KvCacheMemory;
+use tokenmill_server::{AppState, EngineOptions, ServerConfig, SharedState, TokenizerPool};
+use tokio::sync::oneshot;
+
+pub const MODEL: &str = "smollm2-test";
+
+/// Small engine settings for tests: 128 MiB of KV (182 blocks), 1024-token context.
+pub fn engine_options() -> EngineOptions {
+    EngineOptions {
+        max_num_seqs: 16,
+        max_num_batched_tokens: 512,
+        max_model_len: Some(1024),
+        kv_cache_memory: KvCacheMemory::Bytes(128 << 20),
+        ..EngineOptions::new(tokenmill_testutil::model_path())
+    }
+}
+
+pub fn server_config() -> ServerConfig {
+    ServerConfig {
+        served_model_names: vec![MODEL.into(), "alias".into()],
+        model_path: tokenmill_testutil::model_path().display().to_string(),
+        max_body_bytes: 1 << 20,
+        ..ServerConfig::default()
+    }
+}
+
+/// A server running on its own runtime thread.
+pub struct TestServer {
+    pub base: String,
+    pub state: SharedState,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    pub fn start(opts: EngineOptions, config: ServerConfig) -> TestServer {
+        let loaded = tokenmill_server::load(&opts).expect("loading the model");
+        let pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
+        TestServer::start_with(AppState::new(config, loaded.engine, pool))
+    }
+
+    pub fn start_with(state: AppState) -> TestServer {
+        let state = Arc::new(state);
+        let (tx, rx) = oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let st = state.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                tokenmill_server::serve(listener, st, async {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap();
+            });
+        });
+        let addr = addr_rx.recv().unwrap();
+        TestServer {
+            base: format!("http://{addr}"),
+            state,
+            shutdown: Some(tx),
+            thread: Some(thread),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Signals shutdown (drain) and waits for the server to return.
+    pub fn stop(mut self) {
+        self.stop_inner();
+    }
+
+    fn stop_inner(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.stop_inner();
+    }
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+}
+
+/// POSTs JSON; returns status and parsed body (`Value::Null` if not JSON).
+pub async fn post(c: &reqwest::Client, url: &str, body: &Value) -> (u16, Value) {
+    let r = c.post(url).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+/// Parses an SSE body into its `data:` payloads (`[DONE]` kept as a string).
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|ev| ev.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// POSTs a streaming request and returns its JSON chunks; asserts it ends with `[DONE]`.
+pub async fn post_stream(c: &reqwest::Client, url: &str, body: &Value) -> Vec<Value> {
+    let r = c.post(url).json(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let text = r.text().await.unwrap();
+    let data = sse_data(&text);
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// One sample of `/metrics` (first series of that name).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub async fn metrics(c: &reqwest::Client, base: &str) -> String {
+    c.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// Polls `/metrics` until `pred` holds (panics after `timeout`).
+pub async fn wait_metrics(
+    c: &reqwest::Client,
+    base: &str,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> String {
+    let t = Instant::now();
+    loop {
+        let m = metrics(c, base).await;
+        if pred(&m) {
+            return m;
+        }
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}:\n{m}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The engine is idle: nothing running or waiting, no KV block in use.
+pub fn is_idle(m: &str) -> bool {
+    metric(m, "vllm:num_requests_running") == Some(0.0)
+        && metric(m, "vllm:num_requests_waiting") == Some(0.0)
+        && metric(m, "vllm:kv_cache_usage_perc") == Some(0.0)
+}

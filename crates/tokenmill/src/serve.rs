@@ -1,0 +1,222 @@
+//! `tokenmill serve`: the OpenAI/vLLM-compatible HTTP server (see `tokenmill-server`), and
+//! `tokenmill tokenizer-server`: the gRPC tokenizer service it can delegate to.
+//!
+//! With no arguments `serve` loads the default model and listens on 127.0.0.1:8080. The
+//! model is loaded and the engine started before the async runtime, then the server runs
+//! until SIGTERM/SIGINT and drains (up to `--drain-timeout`) before exiting 0.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokenmill_server::grpc::RemoteTokenizer;
+use tokenmill_server::launch;
+use tokenmill_server::{AppState, ServerConfig, TokenizerPool};
+
+use crate::engine_args::EngineArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Model, KV cache, scheduler and thread flags (shared with `bench-engine`).
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address to bind. Use 0.0.0.0 to accept connections from other machines.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Model names clients may send in `model` (default: the model file's stem).
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on every route but /health (and /metrics).
+    #[arg(long, env = "TOKENMILL_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Protect /metrics with the API key too.
+    #[arg(long)]
+    pub api_key_metrics: bool,
+    /// Prefix caching is on by default; this flag only spells that out.
+    #[arg(long, conflicts_with = "no_enable_prefix_caching")]
+    pub enable_prefix_caching: bool,
+    /// Requests waiting for the engine at most; beyond, 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting_requests: usize,
+    /// Prompt tokens waiting for the engine at most; beyond, 429.
+    #[arg(long, default_value_t = 262_144)]
+    pub max_waiting_tokens: usize,
+    /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// Largest request body in bytes (beyond, 413).
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
+    /// Concurrent tokenizer jobs.
+    #[arg(long, default_value_t = 2)]
+    pub tokenizer_workers: usize,
+    /// CORS origins allowed (comma-separated, or *); CORS is off without it.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
+    /// Tokenize via a `tokenmill tokenizer-server` at this URL (http://host:port).
+    #[arg(long)]
+    pub tokenizer_endpoint: Option<String>,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TokenizerServerArgs {
+    /// GGUF model file whose tokenizer to serve (default: the default model).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 50051)]
+    pub port: u16,
+    /// Concurrent tokenizer jobs.
+    #[arg(long, default_value_t = 4)]
+    pub workers: usize,
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn addr(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {host}"))?
+        .next()
+        .with_context(|| format!("{host} resolves to no address"))
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    init_tracing();
+    if !(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0) {
+        bail!("--drain-timeout must be a non-negative number of seconds");
+    }
+    crate::init_threads(args.engine.threads);
+    let model = crate::model_path::resolve(args.engine.model.clone())?;
+    let names = if args.served_model_name.is_empty() {
+        let stem = model.file_stem().map_or_else(
+            || "tokenmill".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        vec![stem]
+    } else {
+        args.served_model_name.clone()
+    };
+    let config = ServerConfig {
+        served_model_names: names,
+        model_path: model.display().to_string(),
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        api_key_metrics: args.api_key_metrics,
+        allowed_origins: args.allowed_origins.clone(),
+        max_waiting_requests: args.max_waiting_requests,
+        max_waiting_tokens: args.max_waiting_tokens,
+        drain_timeout: Duration::from_secs_f64(args.drain_timeout),
+        max_body_bytes: args.max_body_bytes,
+        tokenizer_workers: args.tokenizer_workers,
+    };
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let bind = addr(&args.host, args.port)?;
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding {bind}"))?;
+        let address = listener.local_addr()?;
+        tracing::info!(%address, "listening (503 until the model is loaded)");
+        let ready = async move {
+            load_state(args, model, config)
+                .await
+                .map_err(|e| format!("{e:#}"))
+        };
+        tokenmill_server::serve_when_ready(listener, ready, tokenmill_server::shutdown_signal())
+            .await?;
+        tracing::info!("bye");
+        Ok(())
+    })
+}
+
+/// Loads the model (on a blocking thread), connects the remote tokenizer if asked, and
+/// builds the server state.
+async fn load_state(
+    args: ServeArgs,
+    model: PathBuf,
+    config: ServerConfig,
+) -> anyhow::Result<tokenmill_server::SharedState> {
+    let engine_args = args.engine.clone();
+    let path = model.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        launch::load_with_config(&path, |m| engine_args.scheduler_config(m))
+    })
+    .await??;
+    for w in &loaded.warnings {
+        tracing::warn!("{w}");
+    }
+    let mut pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
+    if let Some(url) = &args.tokenizer_endpoint {
+        let remote = RemoteTokenizer::connect(url)
+            .await
+            .with_context(|| format!("connecting to the tokenizer service at {url}"))?;
+        let info = remote
+            .info()
+            .await
+            .map_err(|e| anyhow::anyhow!("tokenizer service at {url}: {}", e.0))?;
+        if info.vocab_size as usize != loaded.tokenizer.vocab_size() {
+            bail!(
+                "the tokenizer service at {url} has a vocabulary of {} tokens, the model {}",
+                info.vocab_size,
+                loaded.tokenizer.vocab_size()
+            );
+        }
+        pool = pool.with_remote(remote);
+    }
+    let c = &loaded.config;
+    tracing::info!(
+        model = %model.display(),
+        num_blocks = c.num_blocks,
+        block_size = c.block_size,
+        max_model_len = c.max_model_len,
+        max_num_seqs = c.max_num_seqs,
+        api_key = config.api_key.is_some(),
+        "loaded"
+    );
+    Ok(Arc::new(AppState::new(config, loaded.engine, pool)))
+}
+
+pub fn run_tokenizer_server(args: TokenizerServerArgs) -> anyhow::Result<()> {
+    init_tracing();
+    let model = crate::model_path::resolve(args.model)?;
+    let tokenizer = Arc::new(launch::load_tokenizer(&model)?);
+    let rt = runtime()?;
+    rt.block_on(async move {
+        let bind = addr(&args.host, args.port)?;
+        let listener = tokio::net::TcpListener::bind(bind)
+            .await
+            .with_context(|| format!("binding {bind}"))?;
+        tracing::info!(address = %listener.local_addr()?, model = %model.display(), "tokenizer service");
+        tokenmill_server::grpc::serve_tokenizer(
+            listener,
+            tokenizer,
+            args.workers,
+            tokenmill_server::shutdown_signal(),
+        )
+        .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,204 @@
+//! `tokenmill serve` as a process: SIGTERM drains streams and exits 0, no arguments mean the
+//! default model on 127.0.0.1:8080, and the official `openai` Python client works against it
+//! (installed into `.venv-test` by `scripts/test-deps.sh`).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A running `tokenmill serve`.
+struct Server {
+    child: Child,
+    base: String,
+}
+
+/// Flags that keep the test server small.
+const SMALL: &[&str] = &["--kv-cache-memory", "128MiB", "--max-model-len", "1024"];
+
+fn spawn(args: &[&str]) -> Server {
+    spawn_cmd("serve", "serving", args)
+}
+
+/// Starts `tokenmill SUBCOMMAND ARGS` and waits for the log line with `marker` and its
+/// `address=`.
+fn spawn_cmd(subcommand: &str, marker: &'static str, args: &[&str]) -> Server {
+    // The binary finds the default model itself; make sure it is there.
+    tokenmill_testutil::model_path();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+        .arg(subcommand)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("TOKENMILL_API_KEY")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning tokenmill serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[serve] {line}");
+            if line.contains(marker)
+                && let Some(rest) = line.split("address=").nth(1)
+            {
+                let addr = rest.split_whitespace().next().unwrap_or("").to_string();
+                let _ = tx.send(addr);
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the server did not report its address");
+    Server {
+        child,
+        base: format!("http://{addr}"),
+    }
+}
+
+impl Server {
+    fn sigterm(&self) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        let rc = unsafe { libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM) };
+        assert_eq!(rc, 0);
+    }
+
+    fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let t = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t.elapsed() < timeout, "the server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn sigterm_during_streams_finishes_them_and_exits_zero() {
+    let mut s = spawn(&[&["--port", "0", "--drain-timeout", "60"], SMALL].concat());
+    let base = s.base.clone();
+    let rt = rt();
+    let c = reqwest::Client::new();
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 48, "ignore_eos": true,
+                      "stream": true});
+    let mut responses = Vec::new();
+    for _ in 0..2 {
+        let mut r = rt
+            .block_on(c.post(format!("{base}/v1/completions")).json(&body).send())
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let first = rt.block_on(r.chunk()).unwrap().unwrap();
+        assert!(first.starts_with(b"data: "));
+        responses.push((r, first.to_vec()));
+    }
+    s.sigterm();
+    for (mut r, mut text) in responses {
+        while let Some(chunk) = rt.block_on(r.chunk()).unwrap() {
+            text.extend_from_slice(&chunk);
+        }
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+        assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    }
+    let status = s.wait(Duration::from_secs(60));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+}
+
+#[test]
+fn serve_without_arguments_listens_on_127_0_0_1_8080() {
+    if std::net::TcpListener::bind("127.0.0.1:8080").is_err() {
+        eprintln!("port 8080 is in use here; skipping the default-address check");
+        return;
+    }
+    let mut s = spawn(&[]);
+    assert_eq!(s.base, "http://127.0.0.1:8080");
+    let rt = rt();
+    let r = rt
+        .block_on(reqwest::get("http://127.0.0.1:8080/v1/models"))
+        .unwrap();
+    let v: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+#[test]
+fn official_openai_python_client() {
+    let root = tokenmill_testutil::workspace_root();
+    let out = Command::new("bash")
+        .arg(root.join("scripts/test-deps.sh"))
+        .output()
+        .expect("running scripts/test-deps.sh");
+    assert!(
+        out.status.success(),
+        "scripts/test-deps.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
+    let out = Command::new(python)
+        .arg(root.join("tests/openai_client/test_openai.py"))
+        .arg(&s.base)
+        .arg("smollm2")
+        .output()
+        .expect("running the openai client tests");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "openai client tests failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains(" passed, 0 failed"));
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+#[test]
+fn serve_with_a_tokenizer_server_endpoint() {
+    let mut tok = spawn_cmd("tokenizer-server", "tokenizer service", &["--port", "0"]);
+    let endpoint = tok.base.clone();
+    let mut s = spawn(&[&["--port", "0", "--tokenizer-endpoint", &endpoint], SMALL].concat());
+    let rt = rt();
+    let c = reqwest::Client::new();
+    let r = rt
+        .block_on(
+            c.post(format!("{}/tokenize", s.base))
+                .json(&json!({"prompt": "Hello, world!"}))
+                .send(),
+        )
+        .unwrap();
+    let v: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(v["tokens"], json!([19556, 28, 905, 17]));
+    let r = rt
+        .block_on(c.get(format!("{}/server_info", s.base)).send())
+        .unwrap();
+    let v: Value = rt.block_on(r.json()).unwrap();
+    assert_eq!(v["remote_tokenizer"], true);
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+    tok.sigterm();
+    assert_eq!(tok.wait(Duration::from_secs(60)).code(), Some(0));
+}
