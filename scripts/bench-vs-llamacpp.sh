@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Side-by-side raw model speed: tokenmill bench-model vs llama.cpp's llama-bench (pp512, tg128)
+# and llama-batched-bench (128-token prompts, 128 decode steps, 8 and 32 sequences), same
+# model, same thread count, interleaved rounds (A B A B ...), medians and ratios.
+# Usage: scripts/bench-vs-llamacpp.sh [ROUNDS=5] [THREADS=nproc]
+# Env: MODEL (default: the default model), PEER_SCRIPT (default ../shared/peers/llama-cpp.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds="${1:-5}"
+threads="${2:-$(nproc)}"
+model="${MODEL:-$(scripts/fetch-model.sh)}"
+peer_bin="$(bash "${PEER_SCRIPT:-../shared/peers/llama-cpp.sh}")"
+cargo build --release -q -p tokenmill
+tm=target/release/tokenmill
+out="$(mktemp -d)"
+for r in $(seq 1 "$rounds"); do
+  echo "round $r/$rounds" >&2
+  "$peer_bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o jsonl > "$out/llama-bench.$r.jsonl" 2>/dev/null
+  "$tm" bench-model --model "$model" --threads "$threads" --repetitions 1 --seed "$r" \
+    --prompt 512 --generate 128 --batch 8,32 > "$out/tokenmill.$r.txt"
+  "$peer_bin/llama-batched-bench" -m "$model" -t "$threads" -c 16384 -b 2048 -ub 512 \
+    -npp 128 -ntg 128 -npl 8,32 --output-format jsonl > "$out/batched.$r.jsonl" 2>/dev/null
+done
+python3 - "$out" "$rounds" <<'PY'
+import json, statistics, sys, glob
+out, rounds = sys.argv[1], int(sys.argv[2])
+peer = {"pp512": [], "tg128": [], "bd8x128": [], "bd32x128": []}
+ours = {k: [] for k in peer}
+for r in range(1, rounds + 1):
+    for line in open(f"{out}/llama-bench.{r}.jsonl"):
+        j = json.loads(line)
+        key = f"pp{j['n_prompt']}" if j["n_gen"] == 0 else f"tg{j['n_gen']}"
+        peer[key].append(j["avg_ts"])
+    for line in open(f"{out}/batched.{r}.jsonl"):
+        j = json.loads(line)
+        peer[f"bd{j['pl']}x{j['tg']}"].append(j["speed_tg"])
+    for line in open(f"{out}/tokenmill.{r}.txt"):
+        parts = line.split()
+        if parts and parts[0] in ours:
+            ours[parts[0]].append(float(parts[3]))
+print(f"{'test':<10} {'llama.cpp tok/s':>16} {'tokenmill tok/s':>16} {'ratio':>7}   (medians of {rounds} interleaved rounds)")
+for k in peer:
+    p, o = statistics.median(peer[k]), statistics.median(ours[k])
+    print(f"{k:<10} {p:>16.1f} {o:>16.1f} {o / p:>6.2f}x")
+PY
