@@ -36,6 +36,8 @@ pub struct TokenOutput {
     pub finish_reason: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: usize,
+    /// On the first token only: time in the engine's waiting queue before first scheduled.
+    pub queue_time: Option<Duration>,
 }
 
 /// What a [`RequestStream`] yields.
@@ -296,6 +298,7 @@ impl EngineLoop {
                 top_logprobs: s.top,
                 finish_reason: ev.finish_reason,
                 num_cached_tokens: ev.num_cached_tokens,
+                queue_time: ev.queue_time,
             };
             let delivered = self
                 .senders

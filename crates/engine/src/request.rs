@@ -92,6 +92,8 @@ pub struct Request {
     /// Resolved output limit (`params.max_tokens` or what the model length leaves).
     pub max_tokens: usize,
     pub arrival_time: Instant,
+    /// When the scheduler first admitted the request (end of its queue time).
+    pub first_scheduled_at: Option<Instant>,
     /// Admission order, the tie-breaker of both policies (set by the scheduler).
     pub arrival_seq: u64,
     /// Prompt tokens served from the prefix cache at the first admission.
@@ -115,6 +117,7 @@ impl Request {
             max_tokens: params.max_tokens.unwrap_or(0),
             params,
             arrival_time: Instant::now(),
+            first_scheduled_at: None,
             arrival_seq: 0,
             num_cached_tokens: 0,
             num_preemptions: 0,

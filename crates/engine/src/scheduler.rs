@@ -43,7 +43,7 @@
 //! says how many pad tokens the step runs on top of its chunks.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokenmill_model::LogitsWanted;
 
@@ -374,6 +374,9 @@ impl Scheduler {
                 token,
                 finish_reason,
                 num_cached_tokens: req.num_cached_tokens,
+                queue_time: (req.num_output_tokens() == 1)
+                    .then(|| req.first_scheduled_at.map(|t| t - req.arrival_time))
+                    .flatten(),
             });
         }
         if any_finished {
@@ -555,6 +558,7 @@ impl Scheduler {
         req.num_computed_tokens = num_computed_tokens;
         if !req.admitted_once {
             req.admitted_once = true;
+            req.first_scheduled_at = Some(Instant::now());
             req.num_cached_tokens = num_computed_tokens;
             let total = req.num_tokens();
             self.kv.record_prefix_query(total, num_computed_tokens);

@@ -147,6 +147,8 @@ pub struct RequestEvent {
     pub finish_reason: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache (for usage reporting).
     pub num_cached_tokens: usize,
+    /// On a request's first output token: the time it waited before it was first scheduled.
+    pub queue_time: Option<Duration>,
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ fn collect(mut s: RequestStream) -> (Vec<u32>, usize) {
     while let Some(ev) = s.blocking_next() {
         match ev {
             StreamEvent::Token(t) => {
+                // The queue time comes with the first token only.
+                assert!(t.queue_time.is_none() || tokens.is_empty());
                 tokens.push(t.token);
                 cached = t.num_cached_tokens;
                 if let Some(r) = t.finish_reason {
@@ -185,8 +187,15 @@ fn dropping_a_stream_aborts_and_frees_its_blocks() {
     let h = engine(small_config());
     let p = params(1000, SamplingParams::greedy());
     let mut s = h.submit(prompts()[0].clone(), p);
-    for _ in 0..2 {
-        assert!(matches!(s.blocking_next(), Some(StreamEvent::Token(_))));
+    for i in 0..2 {
+        let Some(StreamEvent::Token(t)) = s.blocking_next() else {
+            panic!("no token")
+        };
+        assert_eq!(
+            t.queue_time.is_some(),
+            i == 0,
+            "queue time on the first token only"
+        );
     }
     drop(s);
     // A later request runs to completion; afterwards nothing holds blocks.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use futures_util::FutureExt;
 use futures_util::stream::{self, BoxStream, StreamExt};
-use tokenmill_engine::{EngineHandle, FinishReason, RequestParams, RequestStream, StreamEvent};
+use tokenmill_engine::{FinishReason, RequestParams, RequestStream, StreamEvent};
 
 use crate::admission::WaitingTicket;
 use crate::error::ApiError;
@@ -85,7 +85,6 @@ pub fn submit(state: &AppState, req: GenerationRequest) -> Result<Generation, Ap
                 pool: state.pool.clone(),
                 ticket,
                 metrics: state.metrics.clone(),
-                engine: state.engine.clone(),
                 prompt_len: prompt.len(),
                 arrival: Instant::now(),
                 last_token: None,
@@ -158,7 +157,6 @@ struct ChoiceRunner {
     pool: TokenizerPool,
     ticket: WaitingTicket,
     metrics: Arc<Metrics>,
-    engine: EngineHandle,
     prompt_len: usize,
     arrival: Instant,
     last_token: Option<Instant>,
@@ -226,14 +224,14 @@ impl ChoiceRunner {
                 continue;
             }
             self.ticket.release();
-            if !matches!(ev, StreamEvent::Token(_)) {
+            let StreamEvent::Token(token) = ev else {
                 continue;
-            }
+            };
             match self.last_token {
                 None => {
-                    let step = self.engine.stats().last_step_measured;
+                    let queue = token.queue_time.unwrap_or_default();
                     self.metrics
-                        .first_token(self.prompt_len, now - self.arrival, step);
+                        .first_token(self.prompt_len, now - self.arrival, queue);
                 }
                 Some(prev) => self.metrics.inter_token(now - prev),
             }

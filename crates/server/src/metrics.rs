@@ -7,10 +7,9 @@
 //! requests are recorded here by the request path ([`crate::generation`]). Rendered by hand
 //! in the text exposition format 0.0.4: the set is small and fixed.
 //!
-//! Histogram buckets are vLLM's. `vllm:request_queue_time_seconds` is approximated as time
-//! to first token minus the duration of the engine step that produced it (the engine does
-//! not report per-request scheduling times); with chunked prefill over several steps it
-//! overstates the queue time by the earlier chunks.
+//! Histogram buckets are vLLM's. `vllm:request_queue_time_seconds` is the time a request
+//! waited in the engine's queue before it was first scheduled, as the engine reports it with
+//! the request's first token.
 
 use std::fmt::Write;
 use std::sync::Mutex;
@@ -162,11 +161,11 @@ impl Metrics {
     }
 
     /// First output of a request: prompt tokens, time to first token and queue time.
-    pub fn first_token(&self, prompt_tokens: usize, ttft: Duration, step: Duration) {
+    pub fn first_token(&self, prompt_tokens: usize, ttft: Duration, queue: Duration) {
         self.prompt_tokens
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.ttft.observe(ttft.as_secs_f64());
-        self.queue.observe(ttft.saturating_sub(step).as_secs_f64());
+        self.queue.observe(queue.as_secs_f64());
     }
 
     pub fn inter_token(&self, gap: Duration) {

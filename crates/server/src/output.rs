@@ -313,6 +313,7 @@ mod tests {
             top_logprobs: vec![(id, -0.5)],
             finish_reason: finish,
             num_cached_tokens: 0,
+            queue_time: None,
         })
     }
 
