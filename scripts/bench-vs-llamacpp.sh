@@ -3,15 +3,19 @@
 # and llama-batched-bench (128-token prompts, 128 decode steps, 8 and 32 sequences), same
 # model, same thread count, interleaved rounds (A B A B ...), medians and ratios.
 # Usage: scripts/bench-vs-llamacpp.sh [ROUNDS=5] [THREADS=nproc]
-# Env: MODEL (default: the default model), PEER_SCRIPT (default ../shared/peers/llama-cpp.sh)
+# Env: MODEL (default: the default model), PEER_SCRIPT (default ../shared/peers/llama-cpp.sh),
+#      TOKENMILL_BIN (default: build target/release/tokenmill)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
 threads="${2:-$(nproc)}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 peer_bin="$(bash "${PEER_SCRIPT:-../shared/peers/llama-cpp.sh}")"
-cargo build --release -q -p tokenmill
-tm=target/release/tokenmill
+tm="${TOKENMILL_BIN:-}"
+if [ -z "$tm" ]; then
+  cargo build --release -q -p tokenmill
+  tm=target/release/tokenmill
+fi
 out="$(mktemp -d)"
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
@@ -28,10 +32,14 @@ peer = {"pp512": [], "tg128": [], "bd8x128": [], "bd32x128": []}
 ours = {k: [] for k in peer}
 for r in range(1, rounds + 1):
     for line in open(f"{out}/llama-bench.{r}.jsonl"):
+        if not line.startswith("{"):
+            continue
         j = json.loads(line)
         key = f"pp{j['n_prompt']}" if j["n_gen"] == 0 else f"tg{j['n_gen']}"
         peer[key].append(j["avg_ts"])
     for line in open(f"{out}/batched.{r}.jsonl"):
+        if not line.startswith("{"):
+            continue
         j = json.loads(line)
         peer[f"bd{j['pl']}x{j['tg']}"].append(j["speed_tg"])
     for line in open(f"{out}/tokenmill.{r}.txt"):
