@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokenmill_engine::{EngineHandle, RequestParams, StreamEvent};
 
-use crate::stats::RequestRecord;
+use crate::stats::{ErrorKind, RequestError, RequestRecord};
 
 /// One request of a workload: prompt ids and the number of tokens to generate.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,7 +71,7 @@ pub fn run_closed_loop(
                     loop {
                         let i = next.fetch_add(1, Ordering::Relaxed);
                         let Some(item) = work.get(i) else { break };
-                        done.push((i, run_one(handle, item, params)));
+                        done.push((i, run_one(handle, item, params, start)));
                     }
                     done
                 })
@@ -87,7 +87,12 @@ pub fn run_closed_loop(
     (records.into_iter().map(|r| r.1).collect(), elapsed)
 }
 
-fn run_one(handle: &EngineHandle, item: &WorkItem, params: &RequestParams) -> RequestRecord {
+fn run_one(
+    handle: &EngineHandle,
+    item: &WorkItem,
+    params: &RequestParams,
+    origin: Instant,
+) -> RequestRecord {
     let params = RequestParams {
         max_tokens: Some(item.output_len),
         ignore_eos: true,
@@ -97,17 +102,21 @@ fn run_one(handle: &EngineHandle, item: &WorkItem, params: &RequestParams) -> Re
     let mut stream = handle.submit(item.prompt.clone(), params);
     let mut rec = RequestRecord {
         prompt_tokens: item.prompt.len(),
-        ok: true,
+        start: sent - origin,
         ..RequestRecord::default()
     };
+    let fail = |message: String, kind| Some(RequestError { kind, message });
     while let Some(ev) = stream.blocking_next() {
         match ev {
             StreamEvent::Token(_) => rec.token_times.push(sent.elapsed()),
             StreamEvent::PromptLogprobs { .. } => {}
-            StreamEvent::Error(_) => rec.ok = false,
+            StreamEvent::Error(e) => rec.error = fail(e.to_string(), ErrorKind::ServerError),
         }
     }
-    rec.ok &= rec.token_times.len() == item.output_len;
+    if rec.error.is_none() && rec.token_times.len() != item.output_len {
+        let msg = format!("{} of {} tokens", rec.token_times.len(), item.output_len);
+        rec.error = fail(msg, ErrorKind::Incomplete);
+    }
     rec
 }
 

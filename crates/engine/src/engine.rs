@@ -9,6 +9,11 @@
 //!
 //! The loop (`EngineLoop::step`) reads like vLLM's `EngineCore.step()`:
 //! schedule → execute → record step time → update from output → send events.
+//!
+//! While a trace session runs (`tokenmill-trace`), each step is a `step` event holding
+//! `schedule`, `execute_model` (the runner's `prepare_batch`, `forward` with the model's
+//! ops, `sample`) and `update`; counters track the batch, KV usage and the queues; each
+//! request's queue wait is an async `queue` span.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -250,14 +255,22 @@ impl EngineLoop {
 
     /// One engine step; `false` if there was nothing to run.
     fn step(&mut self) -> bool {
+        let t0 = Instant::now();
+        let mut step = tokenmill_trace::scope("step", "engine");
+        let schedule = tokenmill_trace::scope("schedule", "engine");
         self.scheduler.schedule_into(&mut self.out);
+        drop(schedule);
         for id in &self.out.finished_req_ids {
             self.runner.drop_request(*id);
         }
         if self.out.is_empty() {
+            step.cancel();
             // Aborts may have freed requests and blocks without a step: keep gauges true.
             self.refresh_idle_stats();
             return false;
+        }
+        if tokenmill_trace::enabled() {
+            self.trace_queue_waits(t0);
         }
         let t = Instant::now();
         let result = match self.runner.execute(&self.out, &self.scheduler) {
@@ -268,6 +281,7 @@ impl EngineLoop {
             }
         };
         let measured = t.elapsed();
+        let update = tokenmill_trace::scope("update", "engine");
         self.scheduler.record_step(&self.out, measured);
         let sampled: Vec<(RequestId, u32)> = result
             .sampled
@@ -278,7 +292,45 @@ impl EngineLoop {
         // Stats first, so a client that sees its last token also sees its blocks freed.
         self.publish_stats(measured);
         self.send(result, events);
+        drop(update);
+        if step.is_recording() {
+            self.trace_step(&mut step);
+        }
         true
+    }
+
+    /// Trace: the queue wait of every request first scheduled in this step (an async span
+    /// from its arrival to its first scheduling, on the `request` category).
+    fn trace_queue_waits(&self, step_start: Instant) {
+        for c in &self.out.chunks {
+            if let Some(req) = self.scheduler.request(c.req_id)
+                && let Some(first) = req.first_scheduled_at
+                && first >= step_start
+            {
+                let args = [("prompt_tokens", req.num_prompt_tokens().into())];
+                let id = c.req_id.0;
+                tokenmill_trace::async_span("queue", "request", id, req.arrival_time, first, &args);
+            }
+        }
+    }
+
+    /// Trace: the step's arguments; `reqs` lists each chunk as
+    /// `id:start_pos:num_tokens:sampled` (the profiler's critical path reads it).
+    fn trace_step(&self, step: &mut tokenmill_trace::Scope) {
+        use std::fmt::Write;
+        let mut reqs = String::new();
+        for c in &self.out.chunks {
+            let sep = if reqs.is_empty() { "" } else { "," };
+            let _ = write!(
+                reqs,
+                "{sep}{}:{}:{}:{}",
+                c.req_id.0, c.start_pos, c.num_tokens, c.sample as u8
+            );
+        }
+        step.arg("step", self.steps);
+        step.arg("tokens", self.out.num_scheduled_tokens);
+        step.arg("seqs", self.out.chunks.len());
+        step.arg("reqs", reqs);
     }
 
     fn send(&mut self, result: StepResult, events: Vec<RequestEvent>) {
@@ -348,6 +400,24 @@ impl EngineLoop {
             last_step_predicted: self.out.predicted,
             last_step_measured: measured,
         };
+        if tokenmill_trace::enabled() {
+            let sched = &snapshot.scheduler;
+            tokenmill_trace::counter(
+                "batch",
+                &[
+                    ("seqs", snapshot.last_batch_seqs as f64),
+                    ("tokens", snapshot.last_batch_tokens as f64),
+                ],
+            );
+            tokenmill_trace::counter("kv_usage", &[("fraction", sched.kv_usage)]);
+            tokenmill_trace::counter(
+                "requests",
+                &[
+                    ("waiting", sched.num_waiting as f64),
+                    ("running", sched.num_running as f64),
+                ],
+            );
+        }
         if let Ok(mut s) = self.stats.lock() {
             *s = snapshot;
         }

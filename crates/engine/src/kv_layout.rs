@@ -46,6 +46,30 @@ impl KvLayout {
         }
     }
 
+    /// The layout a model's KV storage uses (latent for DeepSeek MLA).
+    pub fn from_model(model: &tokenmill_model::Model) -> KvLayout {
+        match model.kv_shape() {
+            tokenmill_model::KvShape::Standard {
+                n_layers,
+                n_kv_heads,
+                head_dim,
+            } => KvLayout::Standard {
+                n_layers,
+                n_kv_heads,
+                head_dim,
+            },
+            tokenmill_model::KvShape::Latent {
+                n_layers,
+                kv_lora_rank,
+                rope_dim,
+            } => KvLayout::Latent {
+                n_layers,
+                kv_lora_rank,
+                rope_dim,
+            },
+        }
+    }
+
     /// Elements cached per token, all layers together.
     pub fn elems_per_token(&self) -> usize {
         match *self {

@@ -11,12 +11,12 @@
 
 use std::collections::HashMap;
 
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
 
 use crate::error::EngineError;
 use crate::request::RequestId;
 use crate::sampler::{MAX_LOGPROBS, Sampled, Sampler, top_logprobs};
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::scheduler_output::SchedulerOutput;
 
 /// Logprob of one prompt token given the tokens before it, with the top alternatives.
@@ -36,8 +36,8 @@ pub struct StepResult {
 }
 
 pub struct ModelRunner {
-    model: LlamaModel,
-    kv: KvCache,
+    model: Model,
+    kv: ModelKv,
     ws: Workspace,
     samplers: HashMap<RequestId, Sampler>,
     /// Scratch: tokens banned for the request being sampled.
@@ -50,20 +50,31 @@ pub struct ModelRunner {
 const PAD: [u32; 1] = [0];
 
 impl ModelRunner {
-    pub fn new(model: LlamaModel, num_blocks: usize, block_size: usize) -> ModelRunner {
-        let kv = KvCache::new(model.config(), num_blocks + 1, block_size);
+    /// A runner whose KV storage holds `config.num_blocks` blocks (plus the pad scratch block)
+    /// and whose workspace is sized for the step limits up front, so steps within them never
+    /// allocate activation memory.
+    pub fn new(model: impl Into<Model>, config: &SchedulerConfig) -> ModelRunner {
+        let model = model.into();
+        let num_blocks = config.num_blocks;
+        let kv = model.kv_cache(num_blocks + 1, config.block_size);
+        let ws = model.workspace(config.max_num_batched_tokens, config.max_num_seqs);
         ModelRunner {
             model,
             kv,
-            ws: Workspace::default(),
+            ws,
             samplers: HashMap::new(),
             banned: Vec::new(),
             pad_table: [num_blocks as u32],
         }
     }
 
-    pub fn model(&self) -> &LlamaModel {
+    pub fn model(&self) -> &Model {
         &self.model
+    }
+
+    /// Bytes the KV storage holds per token, all layers (latent rows for DeepSeek MLA).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.kv.bytes_per_token()
     }
 
     /// Forgets a finished or aborted request's sampler.
@@ -77,6 +88,8 @@ impl ModelRunner {
         out: &SchedulerOutput,
         sched: &Scheduler,
     ) -> Result<StepResult, EngineError> {
+        let mut exec = tokenmill_trace::scope("execute_model", "engine");
+        let prepare = tokenmill_trace::scope("prepare_batch", "engine");
         let mut chunks: Vec<SeqChunk<'_>> = out.seq_chunks().collect();
         chunks.extend((0..out.num_pad_tokens).map(|_| SeqChunk {
             tokens: &PAD,
@@ -84,11 +97,18 @@ impl ModelRunner {
             block_table: &self.pad_table,
             logits: LogitsWanted::None,
         }));
-        let vocab = self.model.config().vocab_size;
+        if exec.is_recording() {
+            trace_batch_shape(&mut exec, &chunks);
+        }
+        drop(prepare);
+        let vocab = self.model.vocab_size();
+        let forward = tokenmill_trace::scope("forward", "engine");
         let logits = self
             .model
             .forward(&chunks, &mut self.kv, &mut self.ws)
             .map_err(|e| EngineError::Model(e.to_string()))?;
+        drop(forward);
+        let _sample = tokenmill_trace::scope("sample", "engine");
         let mut result = StepResult::default();
         let mut row = 0;
         for (c, sc) in out.chunks.iter().zip(&chunks) {
@@ -139,6 +159,26 @@ impl ModelRunner {
         }
         Ok(result)
     }
+}
+
+/// The batch's shape as `execute_model` arguments, for the profiler's FLOP and byte counts:
+/// tokens, logit rows, Σ over tokens of the context each attends to, and Σ over chunks of
+/// the context each chunk's attention reads.
+fn trace_batch_shape(exec: &mut tokenmill_trace::Scope, chunks: &[SeqChunk<'_>]) {
+    let tokens: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+    let rows: usize = chunks.iter().map(|c| c.n_logits()).sum();
+    let attn_ctx: usize = chunks
+        .iter()
+        .map(|c| {
+            let (s, n) = (c.start_pos, c.tokens.len());
+            n * s + n * (n + 1) / 2
+        })
+        .sum();
+    let kv_read: usize = chunks.iter().map(|c| c.start_pos + c.tokens.len()).sum();
+    exec.arg("tokens", tokens);
+    exec.arg("logit_rows", rows);
+    exec.arg("attn_ctx", attn_ctx);
+    exec.arg("kv_read", kv_read);
 }
 
 fn log_softmax_at(row: &[f32], token: u32) -> f32 {

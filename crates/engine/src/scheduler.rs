@@ -17,7 +17,10 @@
 //! 3. **waiting** requests in policy order (skipped if anything was preempted this step), each
 //!    after a prefix-cache lookup, with its prompt chunked to the remaining budget, until the
 //!    budget, `max_num_seqs` or the KV pool runs out — FCFS stops at the first that does not
-//!    fit, so admission is in arrival order and nothing waiting starves.
+//!    fit, so admission is in arrival order and nothing waiting starves. The full blocks a
+//!    planned chunk fills are registered in the prefix cache as it is planned (vLLM does the
+//!    same), so a request admitted later in the same step with the same prompt — an `n > 1`
+//!    sibling — shares them at once instead of computing them twice.
 //!
 //! The caller runs the [`SchedulerOutput`], samples one token per `sample` chunk and calls
 //! [`Scheduler::update_from_output`], which advances cursors, registers newly computed full
@@ -319,7 +322,10 @@ impl Scheduler {
         match self.config.batching {
             Batching::Continuous => {
                 let mut budget = self.step_budget(true);
-                if !self.schedule_running(&mut budget, out) {
+                let preempted = self.schedule_running(&mut budget, out);
+                // No preemption follows: the running chunks will be computed this step.
+                self.cache_planned();
+                if !preempted {
                     self.schedule_waiting(&mut budget);
                 }
             }
@@ -535,6 +541,22 @@ impl Scheduler {
             self.admit(key, start);
             decode_all.add_chunk(self.requests[&id].num_tokens(), 1, true);
             self.take(budget, id, start, n, left);
+            let req = &self.requests[&id];
+            self.kv.cache_blocks(id, &req.block_hashes, start + n);
+        }
+    }
+
+    /// Registers the full blocks the planned chunks will fill this step in the prefix cache,
+    /// as vLLM does at allocation: a request admitted later in the same step (a sibling of an
+    /// `n > 1` request, or the same prompt arriving together) then shares them instead of
+    /// computing them again. Sound because the step is atomic and the forward writes every
+    /// chunk's K/V of a layer before any chunk's attention reads that layer; only requests
+    /// that can no longer be preempted this step are registered.
+    fn cache_planned(&mut self) {
+        for &(id, n) in &self.plan {
+            let req = &self.requests[&id];
+            self.kv
+                .cache_blocks(id, &req.block_hashes, req.num_computed_tokens + n);
         }
     }
 

@@ -31,7 +31,7 @@ fn prompts() -> Vec<Vec<u32>> {
 fn engine(config: SchedulerConfig) -> EngineHandle {
     let model =
         LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    let runner = ModelRunner::new(model, config.num_blocks, config.block_size);
+    let runner = ModelRunner::new(model, &config);
     start(runner, config).unwrap().0
 }
 
@@ -150,6 +150,25 @@ fn prefix_cache_hit_skips_cached_tokens_and_changes_nothing() {
     assert_eq!(cached_second, 64);
     assert_eq!(first, second);
     assert!(h.stats().scheduler.prefix_cache.hit_tokens >= 64);
+}
+
+#[test]
+fn copies_of_a_prompt_submitted_together_share_its_blocks_and_agree() {
+    // Like an `n = 3` request: the copies join the first one's prefill step and read the
+    // blocks it writes in that very forward pass.
+    let prompt: Vec<u32> = prompts().concat().into_iter().take(70).collect();
+    let p = params(16, SamplingParams::greedy());
+    let (alone, _) = collect(engine(small_config()).submit(prompt.clone(), p.clone()));
+    let h = engine(small_config());
+    let streams: Vec<_> = (0..3)
+        .map(|_| h.submit(prompt.clone(), p.clone()))
+        .collect();
+    let results: Vec<(Vec<u32>, usize)> = streams.into_iter().map(collect).collect();
+    let cached: Vec<usize> = results.iter().map(|r| r.1).collect();
+    assert_eq!(cached, [0, 64, 64]);
+    for (tokens, _) in &results {
+        assert_eq!(tokens, &alone);
+    }
 }
 
 #[test]

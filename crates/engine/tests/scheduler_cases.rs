@@ -229,6 +229,35 @@ fn prefix_cache_hit_skips_cached_tokens_with_identical_output() {
 }
 
 #[test]
+fn same_prompt_in_one_step_shares_the_blocks_being_filled() {
+    // Three copies of a prompt arrive together (an `n = 3` request): the first computes the
+    // prompt, the other two are admitted in the same step on its nine full blocks (the last
+    // token is always computed) and compute only their last token.
+    let mut d = Driver::new(cfg(4, 64, 64, 4));
+    d.keep_log = true;
+    let prompt = tokens(7, 38);
+    for id in 1..=3 {
+        d.submit(id, prompt.clone(), params(8));
+    }
+    let free_before = d.sched.stats().num_free_blocks;
+    d.step();
+    let first = &d.log[0];
+    let starts: Vec<(u64, usize, usize)> = first
+        .chunks
+        .iter()
+        .map(|c| (c.req_id.0, c.start_pos, c.num_tokens))
+        .collect();
+    assert_eq!(starts, [(1, 0, 38), (2, 36, 2), (3, 36, 2)]);
+    // 10 blocks for the first copy, 1 own block for each sibling.
+    assert_eq!(free_before - d.sched.stats().num_free_blocks, 12);
+    assert_eq!(d.tracks[&RequestId(3)].num_cached_tokens, 36);
+    d.run_to_completion(100);
+    d.check_against_reference();
+    let out = |id: u64| d.tracks[&RequestId(id)].output.clone();
+    assert_eq!((out(2), out(3)), (out(1), out(1)));
+}
+
+#[test]
 fn cached_blocks_are_evicted_least_recently_freed_first_tail_first() {
     // 6 blocks of 4. A, B, C (8-token prompts, 1 output token) each leave 2 cached blocks.
     let mut d = Driver::new(cfg(4, 6, 64, 4));

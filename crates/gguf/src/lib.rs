@@ -2,7 +2,8 @@
 //!
 //! [`GgufFile::open`] maps the file and parses its header once: metadata key/values into
 //! [`Metadata`] (decoded into owned [`Value`]s), tensor infos into [`TensorInfo`]s. Tensor data
-//! is never copied: [`GgufFile::tensor_data`] hands out slices of the map.
+//! is never copied: [`GgufFile::tensor_data`] hands out slices of the map. [`GgufWriter`]
+//! writes v3 files this reader accepts (`writer.rs`).
 //!
 //! Format: [GGUF spec](https://github.com/ggml-org/ggml/blob/master/docs/gguf.md), versions 2
 //! and 3, little-endian. Layout: `"GGUF"`, u32 version, u64 tensor count, u64 kv count; the
@@ -55,12 +56,14 @@ mod metadata;
 mod reader;
 mod tensor;
 mod value;
+mod writer;
 
 pub use error::{DimsProblem, GgufError};
 pub use file::{ALIGNMENT_KEY, DEFAULT_ALIGNMENT, GgufFile, MAGIC, SUPPORTED_VERSIONS};
 pub use metadata::Metadata;
 pub use tensor::{MAX_DIMS, TensorInfo};
 pub use value::{Array, MAX_ARRAY_DEPTH, Value};
+pub use writer::{GgufWriter, TensorSpec, WRITE_VERSION, WriteError};
 
 /// Re-exported so users can name tensor types without depending on the kernels crate.
 pub use tokenmill_kernels::quant::GgmlType;

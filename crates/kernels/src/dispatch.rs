@@ -20,10 +20,13 @@
 //! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |
 //! | Q8_K activation quantizer | reference | reference |
 //! | f32 dot | scalar | FMA |
+//! | attention tile / merge (head dim a multiple of the lanes) | reference | AVX2 (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
+//! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 
 use std::sync::OnceLock;
 
 use crate::quant::GgmlType;
+use crate::simd::attn::{AttnMergeFn, AttnTile, AttnTileFn};
 use crate::simd::{MAX_ROWS, TierFns, scalar};
 
 /// A kernel tier, from the most portable to the fastest.
@@ -302,6 +305,46 @@ impl DotKernel {
     }
 }
 
+/// The attention kernels of one head dimension (see [`Kernels::attention`]).
+#[derive(Clone, Copy)]
+pub(crate) struct AttnKernels {
+    tile: AttnTileFn,
+    merge: AttnMergeFn,
+    head_dim: usize,
+}
+
+impl AttnKernels {
+    /// One online-softmax tile step.
+    ///
+    /// # Safety
+    ///
+    /// The pointers of `t` as [`AttnTile`] documents them, and its state not accessed by
+    /// anyone else during the call. (`t.head_dim` is checked.)
+    #[inline]
+    pub(crate) unsafe fn tile(&self, t: &AttnTile) {
+        assert_eq!(t.head_dim, self.head_dim, "attention head dim");
+        // SAFETY: pointers guaranteed by the caller; the head dim is one this table's
+        // kernel supports (`Kernels::attention`), on a CPU with its features.
+        unsafe { (self.tile)(t) }
+    }
+
+    /// Folds the partial state `(m, l, acc)` into `(dst_m, dst_l, dst_acc)`.
+    #[inline]
+    pub(crate) fn merge(
+        &self,
+        dst_m: &mut f32,
+        dst_l: &mut f32,
+        dst_acc: &mut [f32],
+        m: f32,
+        l: f32,
+        acc: &[f32],
+    ) {
+        assert!(dst_acc.len() == self.head_dim && acc.len() == self.head_dim);
+        // SAFETY: lengths checked; supported head dim on a CPU with the tier's features.
+        unsafe { (self.merge)(dst_m, dst_l, dst_acc, m, l, acc) }
+    }
+}
+
 impl Kernels {
     /// The table of `tier`, or `None` if this CPU lacks its features.
     pub fn new(tier: Tier) -> Option<Kernels> {
@@ -382,6 +425,31 @@ impl Kernels {
         assert_eq!(x.len() / act.block_size() * act.block_bytes(), y.len());
         // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
         unsafe { self.quantizer(act)(x, y) }
+    }
+
+    /// The attention kernels for heads of `head_dim`: this tier's when `head_dim` is a
+    /// multiple of its lanes, else the scalar tier's (chosen per call site, once per layer
+    /// call: every row of a model then takes the same kernel).
+    pub(crate) fn attention(&self, head_dim: usize) -> AttnKernels {
+        let (tile, merge) = if head_dim.is_multiple_of(self.fns.attn_lanes) {
+            (self.fns.attn_tile, self.fns.attn_merge)
+        } else {
+            let s = scalar::fns();
+            (s.attn_tile, s.attn_merge)
+        };
+        AttnKernels {
+            tile,
+            merge,
+            head_dim,
+        }
+    }
+
+    /// `out = silu(gate) · up` element-wise. Panics on unequal lengths.
+    #[inline]
+    pub fn silu_mul(&self, gate: &[f32], up: &[f32], out: &mut [f32]) {
+        assert!(gate.len() == up.len() && up.len() == out.len());
+        // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.fns.silu_mul)(gate, up, out) }
     }
 
     /// f32 dot product of two equal-length slices (panics otherwise).

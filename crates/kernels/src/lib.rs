@@ -1,8 +1,9 @@
 //! tokenmill-kernels: the compute layer.
 //!
 //! Owns the quantized block formats (`quant`), matrix multiplication over weights in their
-//! native format (`matmul`), and the element-wise / normalisation / attention ops the model
-//! layers call. Kernels are infallible: shapes are checked at the layer boundary, and a kernel
+//! native format (`matmul`, with several matrices over one input in one pass), the fused
+//! SwiGLU gate (`glu`), AWQ/GPTQ int4 weights and their matmul (`int4`), paged flash-style attention (`attention`), and the element-wise /
+//! normalisation ops the model layers call (`ops`). Kernels are infallible: shapes are checked at the layer boundary, and a kernel
 //! only `debug_assert!`s them.
 //!
 //! Performance plumbing, both process-wide and initialised lazily on first use:
@@ -14,6 +15,8 @@
 
 pub mod attention;
 pub mod dispatch;
+pub mod glu;
+pub mod int4;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

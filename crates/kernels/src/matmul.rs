@@ -17,8 +17,12 @@
 //!    rows in groups of [`MAX_ROWS`]: each weight block is decoded once per group by the
 //!    tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
 //!
-//! Float weights (F32/F16/BF16) take a float path: each weight row is dequantized to f32 into
-//! a thread-local buffer and dotted with every token row by the tier's f32 dot.
+//! Float weights (F32/F16/BF16): from 16 token rows up (prefill), through the `gemm` crate —
+//! tiles of ~256 KiB of weight rows on a fixed grid, converted to f32 into a thread-local
+//! buffer (F16/BF16, or misaligned F32) or read in place (F32), each multiplied with all token
+//! rows by one single-threaded `gemm` call; below that (decode), each weight row converted once
+//! and dotted with every token row by the tier's f32 dot (no allocation: `gemm` allocates its
+//! packing buffers).
 //!
 //! Numerics: A16 keeps each activation within half a step of `amax / 32767` of its block of 32
 //! (ggml's 8-bit Q8_0/Q8_1 activations, a step of `amax / 127`, moved the default model's
@@ -70,17 +74,23 @@ const TILE_BYTES: usize = 16 * 1024;
 const CHUNKS_PER_THREAD: usize = 8;
 /// Fewest weight rows per chunk.
 const MIN_CHUNK_ROWS: usize = 16;
+/// f32 elements of the weight tile the float path converts and hands to `gemm` (256 KiB).
+const FLOAT_TILE: usize = 64 * 1024;
+/// Fewest token rows the float path hands to `gemm`; fewer take the row-dot path.
+const GEMM_MIN_TOKENS: usize = 16;
+/// Longest float-path row converted on the stack by the row-dot path.
+const STACK_ROW: usize = 4096;
 
 thread_local! {
     /// Quantized activation rows of the current matmul on this (calling) thread.
     static ACT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// One dequantized weight row for the float path, per thread.
+    /// The float path's tile of weight rows converted to f32, per thread (grows only).
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// How the `n` weight rows are cut into tasks and tiles.
 #[derive(Clone, Copy, Debug)]
-struct Plan {
+pub(crate) struct Plan {
     chunk: usize,
     n_tasks: usize,
     tile: usize,
@@ -117,37 +127,121 @@ pub fn matmul_with(
     w: &QMatrix<'_>,
     out: &mut [f32],
 ) {
-    let (n, k) = (w.rows, w.cols);
+    matmul_multi_with(pool, kernels, x, std::slice::from_ref(w), out);
+}
+
+/// Most matrices one [`matmul_multi`] call takes.
+pub const MAX_PARTS: usize = 4;
+
+/// Several matrices over the same input, their outputs side by side: with `ws` of `n_i` rows,
+/// `out` is `[n_tokens, Σ n_i]` and `out[t][c_i + n] = Σ_k x[t][k] · w_i[n][k]`, where
+/// `c_i = Σ_{j < i} n_j` (Q/K/V as one matmul).
+///
+/// When every matrix takes the same activation format
+/// ([`ActFormat::for_matmul`](crate::dispatch::ActFormat::for_matmul)), the
+/// activations are quantized once and one pool job covers the rows of every matrix — what a
+/// matmul over the concatenated weights does, without copying them (and also for mixed weight
+/// types that share a format, e.g. a Q6_K `attn_v` beside Q4_K `attn_q`/`attn_k`). Otherwise
+/// each matrix runs as its own matmul into its columns. Each output is bit-identical to a
+/// plain [`matmul`] of its matrix.
+///
+/// Panics if the matrices do not share `cols`, there are more than [`MAX_PARTS`], or a
+/// length does not fit.
+pub fn matmul_multi(x: &[f32], ws: &[QMatrix<'_>], out: &mut [f32]) {
+    matmul_multi_with(global(), kernels(), x, ws, out);
+}
+
+/// [`matmul_multi`] on an explicit pool and kernel table.
+pub fn matmul_multi_with(
+    pool: &ThreadPool,
+    kernels: &Kernels,
+    x: &[f32],
+    ws: &[QMatrix<'_>],
+    out: &mut [f32],
+) {
+    assert!((1..=MAX_PARTS).contains(&ws.len()), "{} matrices", ws.len());
+    let k = ws[0].cols;
+    let n_total: usize = ws.iter().map(|w| w.rows).sum();
     if k == 0 {
         out.fill(0.0);
         return;
     }
     assert_eq!(x.len() % k, 0, "x is not whole rows of {k}");
     let n_tokens = x.len() / k;
-    assert_eq!(out.len(), n_tokens * n, "out is not [{n_tokens}, {n}]");
-    assert_eq!(k % w.ty.block_size(), 0, "{k} columns of {}", w.ty);
-    assert!(w.data.len() >= n * w.row_bytes(), "weight bytes");
-    if n_tokens == 0 || n == 0 {
+    assert_eq!(
+        out.len(),
+        n_tokens * n_total,
+        "out is not [{n_tokens}, {n_total}]"
+    );
+    for w in ws {
+        assert_eq!(w.cols, k, "matrices of different widths");
+        assert_eq!(k % w.ty.block_size(), 0, "{k} columns of {}", w.ty);
+        assert!(w.data.len() >= w.rows * w.row_bytes(), "weight bytes");
+    }
+    if n_tokens == 0 || n_total == 0 {
         return;
     }
-    match kernels.matmul_kernel(w.ty) {
-        Some(kern) => matmul_quantized(pool, &kern, x, w, out, n_tokens),
-        None => matmul_float(pool, kernels, x, w, out),
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    let mut parts = [None; MAX_PARTS];
+    let mut col = 0;
+    for (p, w) in parts.iter_mut().zip(ws) {
+        *p = kernels.matmul_kernel(w.ty).map(|kern| Part {
+            w: *w,
+            kern,
+            col,
+            plan: Plan::new(w.rows, w.row_bytes(), pool.num_threads()),
+        });
+        col += w.rows;
+    }
+    let fused = parts[..ws.len()]
+        .iter()
+        .all(|p| p.is_some_and(|p| Some(p.kern.act) == parts[0].map(|p0| p0.kern.act)));
+    if fused {
+        // Every part is `Some`; entries past `ws.len()` repeat the last (and are not run).
+        let parts: [Part<'_>; MAX_PARTS] =
+            std::array::from_fn(|i| parts[i.min(ws.len() - 1)].expect("fused parts"));
+        // SAFETY: `out` is [n_tokens, n_total] and mutably borrowed for the whole call.
+        unsafe { matmul_quantized(pool, &parts[..ws.len()], x, out_ptr, n_tokens, n_total) };
+        return;
+    }
+    let mut col = 0;
+    for (p, w) in parts.iter().zip(ws) {
+        // SAFETY: as above; each call writes its own columns `col..col + w.rows`.
+        unsafe {
+            match p {
+                Some(p) => {
+                    matmul_quantized(pool, std::slice::from_ref(p), x, out_ptr, n_tokens, n_total)
+                }
+                None if x.len() / k < GEMM_MIN_TOKENS => {
+                    matmul_float_rows(pool, kernels, x, w, out_ptr, n_total, col)
+                }
+                None => matmul_float(pool, x, w, out_ptr, n_total, col),
+            }
+        }
+        col += w.rows;
     }
 }
 
-/// The integer path (module docs, steps 1-3).
-fn matmul_quantized(
+/// One matrix of a fused matmul: its kernel, first output column and row plan.
+#[derive(Clone, Copy)]
+pub(crate) struct Part<'a> {
+    pub(crate) w: QMatrix<'a>,
+    pub(crate) kern: DotKernel,
+    pub(crate) col: usize,
+    plan: Plan,
+}
+
+/// Quantizes the activation rows `x` (`n_tokens` rows of `k`) for `kern` into this thread's
+/// activation buffer, and runs `f(act, a_row)` on it (`a_row` bytes per row).
+pub(crate) fn with_quantized<R>(
     pool: &ThreadPool,
     kern: &DotKernel,
     x: &[f32],
-    w: &QMatrix<'_>,
-    out: &mut [f32],
-    n_tokens: usize,
-) {
-    let (n, k) = (w.rows, w.cols);
-    let nb = k / kern.block_size;
-    let a_row = nb * kern.a_block_bytes;
+    k: usize,
+    f: impl FnOnce(&[u8], usize) -> R,
+) -> R {
+    let n_tokens = x.len() / k;
+    let a_row = k / kern.block_size * kern.a_block_bytes;
     ACT.with_borrow_mut(|buf| {
         if buf.len() < n_tokens * a_row {
             buf.resize(n_tokens * a_row, 0);
@@ -155,13 +249,38 @@ fn matmul_quantized(
         // act: [n_tokens, a_row] bytes of activation blocks.
         let act = &mut buf[..n_tokens * a_row];
         quantize_rows(pool, kern, x, k, act, a_row);
-        let act = &*act;
-        let row_bytes = w.row_bytes();
-        let plan = Plan::new(n, row_bytes, pool.num_threads());
-        let out_ptr = SyncPtr(out.as_mut_ptr());
-        pool.parallel_for(plan.n_tasks, |task| {
+        f(act, a_row)
+    })
+}
+
+/// The integer path (module docs, steps 1-3) over the rows of every part, which share one
+/// activation format: `out[t * out_stride + part.col + r]`.
+///
+/// # Safety
+///
+/// `out` is valid for writes of `[n_tokens, out_stride]`, every part's columns lie inside a
+/// row, no two parts overlap, and nobody else accesses those columns during the call.
+unsafe fn matmul_quantized(
+    pool: &ThreadPool,
+    parts: &[Part<'_>],
+    x: &[f32],
+    out: SyncPtr<f32>,
+    n_tokens: usize,
+    out_stride: usize,
+) {
+    let k = parts[0].w.cols;
+    with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
+        let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
+        pool.parallel_for(n_tasks, |mut task| {
+            let mut pi = 0;
+            while task >= parts[pi].plan.n_tasks {
+                task -= parts[pi].plan.n_tasks;
+                pi += 1;
+            }
+            let Part { w, kern, col, plan } = parts[pi];
             let r0 = task * plan.chunk;
-            let r1 = n.min(r0 + plan.chunk);
+            let r1 = w.rows.min(r0 + plan.chunk);
+            let (nb, row_bytes) = (k / kern.block_size, w.row_bytes());
             let mut tile0 = r0;
             while tile0 < r1 {
                 let tile1 = r1.min(tile0 + plan.tile);
@@ -169,10 +288,9 @@ fn matmul_quantized(
                 let tile = &w.data[tile0 * row_bytes..tile1 * row_bytes];
                 for t0 in (0..n_tokens).step_by(MAX_ROWS) {
                     let na = MAX_ROWS.min(n_tokens - t0);
-                    // SAFETY: the tile writes out[(t0 + j) * n + r] for j < na and
-                    // tile0 <= r < tile1: inside `out` ([n_tokens, n]), in columns r0..r1 that
-                    // belong to this task alone, while `out` stays mutably borrowed until
-                    // `parallel_for` returns.
+                    // SAFETY: the tile writes out[(t0 + j) * out_stride + col + r] for j < na
+                    // and tile0 <= r < tile1: inside `out` (the caller's contract), in
+                    // columns of rows r0..r1 of this part that belong to this task alone.
                     unsafe {
                         kern.dot_tile(
                             nb,
@@ -181,8 +299,8 @@ fn matmul_quantized(
                             &act[t0 * a_row..],
                             a_row,
                             na,
-                            out_ptr.get().add(t0 * n + tile0),
-                            n,
+                            out.get().add(t0 * out_stride + col + tile0),
+                            out_stride,
                         );
                     }
                 }
@@ -219,26 +337,150 @@ fn quantize_rows(
     });
 }
 
-/// The float path: each weight row dequantized to f32 once, dotted with every token row.
-fn matmul_float(pool: &ThreadPool, kernels: &Kernels, x: &[f32], w: &QMatrix<'_>, out: &mut [f32]) {
+/// The float path for a few token rows (decode): each weight row is converted to f32 once
+/// (on the stack up to `STACK_ROW` columns) and dotted with every token row by the tier's f32
+/// dot — memory-bound like a GEMV, and free of the allocations `gemm` makes for its packing
+/// buffers, so decode steps stay allocation-free on float weights too.
+///
+/// # Safety
+///
+/// As [`matmul_quantized`], for columns `col..col + w.rows`.
+unsafe fn matmul_float_rows(
+    pool: &ThreadPool,
+    kernels: &Kernels,
+    x: &[f32],
+    w: &QMatrix<'_>,
+    out: SyncPtr<f32>,
+    out_stride: usize,
+    col: usize,
+) {
     let (n, k) = (w.rows, w.cols);
     let plan = Plan::new(n, w.row_bytes(), pool.num_threads());
-    let out_ptr = SyncPtr(out.as_mut_ptr());
     pool.parallel_for(plan.n_tasks, |task| {
         let r0 = task * plan.chunk;
         let r1 = n.min(r0 + plan.chunk);
-        ROW.with_borrow_mut(|row| {
-            row.resize(k, 0.0);
+        let rows = |row: &mut [f32]| {
             for r in r0..r1 {
                 w.dequantize_row_into(r, row);
                 for (t, xt) in x.chunks_exact(k).enumerate() {
                     let v = kernels.dot_f32(xt, row);
-                    // SAFETY: as in `matmul_quantized`: column `r` belongs to this task alone.
-                    unsafe { *out_ptr.get().add(t * n + r) = v };
+                    // SAFETY: column `col + r` belongs to this task alone, inside `out` by
+                    // the caller's contract.
+                    unsafe { *out.get().add(t * out_stride + col + r) = v };
                 }
             }
+        };
+        if k <= STACK_ROW {
+            rows(&mut [0f32; STACK_ROW][..k]);
+        } else {
+            ROW.with_borrow_mut(|row| {
+                row.resize(k, 0.0);
+                rows(&mut row[..k]);
+            });
+        }
+    });
+}
+
+/// The float path for many token rows (prefill): tiles of weight rows as f32, each
+/// multiplied with every token row by one `gemm` call, into `out[t * out_stride + col + r]`.
+///
+/// # Safety
+///
+/// As [`matmul_quantized`], for columns `col..col + w.rows`.
+unsafe fn matmul_float(
+    pool: &ThreadPool,
+    x: &[f32],
+    w: &QMatrix<'_>,
+    out: SyncPtr<f32>,
+    out_stride: usize,
+    col: usize,
+) {
+    let (n, k) = (w.rows, w.cols);
+    let n_tokens = x.len() / k;
+    // F32 weights whose bytes are f32-aligned are read in place; other float types (and a
+    // misaligned F32 tensor) are converted a tile of rows at a time. Tiles lie on a fixed grid
+    // of `tile_rows` whatever the thread count, so every output is computed by the same `gemm`
+    // call shape (and summation order) on any pool.
+    let in_place = w.ty == GgmlType::F32 && w.data.as_ptr().align_offset(4) == 0;
+    let tile_rows = (FLOAT_TILE / k).max(1);
+    pool.parallel_for(n.div_ceil(tile_rows), |task| {
+        let t0 = task * tile_rows;
+        let t1 = n.min(t0 + tile_rows);
+        ROW.with_borrow_mut(|buf| {
+            // tile: weight rows t0..t1 as f32, [t1 - t0, k] row-major.
+            let tile: &[f32] = if in_place {
+                let bytes = &w.data[t0 * k * 4..t1 * k * 4];
+                // SAFETY: f32-aligned (checked above), a whole number of f32s, and every bit
+                // pattern is a valid f32.
+                unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), (t1 - t0) * k) }
+            } else {
+                if buf.len() < tile_rows * k {
+                    buf.resize(tile_rows * k, 0.0);
+                }
+                for (r, row) in (t0..t1).zip(buf.chunks_exact_mut(k)) {
+                    w.dequantize_row_into(r, row);
+                }
+                &buf[..(t1 - t0) * k]
+            };
+            // SAFETY: out[t * out_stride + col + r] for t < n_tokens, t0 <= r < t1: inside
+            // `out` and in columns of this task alone (the caller's contract); `x` is
+            // [n_tokens, k] and `tile` [t1 - t0, k], both row-major.
+            unsafe {
+                gemm_f32(
+                    n_tokens,
+                    t1 - t0,
+                    k,
+                    x,
+                    tile,
+                    out.get().add(col + t0),
+                    out_stride,
+                )
+            };
         });
     });
+}
+
+/// `dst[t * dst_stride + r] = Σ_j x[t][j] · w[r][j]` for `t < m`, `r < n` with the `gemm`
+/// crate (its own runtime-dispatched, cache-blocked f32 kernels), on the calling thread.
+///
+/// # Safety
+///
+/// `dst` is valid for writes at every index above; `x.len() >= m * k`, `w.len() >= n * k`.
+unsafe fn gemm_f32(
+    m: usize,
+    n: usize,
+    k: usize,
+    x: &[f32],
+    w: &[f32],
+    dst: *mut f32,
+    dst_stride: usize,
+) {
+    debug_assert!(x.len() >= m * k && w.len() >= n * k);
+    // dst (m × n, row stride dst_stride) = x (m × k, row-major) · wᵀ (k × n: element (j, r)
+    // is w[r * k + j], so column stride k, row stride 1).
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_stride as isize,
+            false,
+            x.as_ptr(),
+            1,
+            k as isize,
+            w.as_ptr(),
+            k as isize,
+            1,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
 }
 
 /// f32 dot product (the table's tier: FMA on x86-64 with AVX2).

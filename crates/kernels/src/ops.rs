@@ -1,19 +1,82 @@
-//! Element-wise and normalisation ops on f32 rows: RMSNorm, SiLU-gated products, residual
-//! adds, softmax and rotary position embeddings.
+//! Element-wise and normalisation ops on f32 rows: RMSNorm (alone and fused with the residual
+//! add), SiLU-gated products, residual adds, softmax and rotary position embeddings.
 //!
 //! All ops work on flat row-major slices; the caller guarantees lengths (checked with
 //! `debug_assert!` only — kernels are infallible).
+//!
+//! Fusion: [`add_rms_norm`] does the residual add and the next sub-layer's RMSNorm in one
+//! pass over the row (the sum of squares is taken while the sum is written), so the residual
+//! stream is read once per sub-layer instead of three times. Its reference twin is
+//! [`add_in_place`] followed by [`rms_norm`]; both sum squares in the same eight-lane order,
+//! so they agree bit for bit. RoPE is split into [`rope_cos_sin`] (once per token per
+//! forward, shared by every layer and head) and [`rope_with`]; the K side is fused into the
+//! cache write ([`crate::attention::PagedKvMut::write`]).
+
+/// `Σ v²` over a row, in eight interleaved partial sums (vectorises; a fixed order).
+#[inline]
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for j in 0..8 {
+            acc[j] += c[j] * c[j];
+        }
+    }
+    for (j, &v) in rest.iter().enumerate() {
+        acc[j] += v * v;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
+/// `out = x · weight / sqrt(Σ x² / d + eps)` for one row, given `Σ x²`.
+#[inline]
+fn scale_row(x: &[f32], ss: f32, weight: &[f32], eps: f32, out: &mut [f32]) {
+    let scale = 1.0 / (ss / weight.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
 
 /// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (`weight.len()` is the row length).
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     debug_assert_eq!(x.len(), out.len());
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
-        let scale = 1.0 / (ss + eps).sqrt();
-        for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
-            *o = v * scale * w;
+        scale_row(xr, sum_squares(xr), weight, eps, or);
+    }
+}
+
+/// Residual add and RMSNorm in one pass: `x += y`, then `out = rms_norm(x) · weight`, row by
+/// row. Bit-identical to [`add_in_place`] then [`rms_norm`].
+pub fn add_rms_norm(x: &mut [f32], y: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
+    debug_assert!(x.len() == y.len() && x.len() == out.len());
+    for ((xr, yr), or) in x
+        .chunks_exact_mut(d)
+        .zip(y.chunks_exact(d))
+        .zip(out.chunks_exact_mut(d))
+    {
+        let mut acc = [0f32; 8];
+        let mut xc = xr.chunks_exact_mut(8);
+        let mut yc = yr.chunks_exact(8);
+        for (xa, ya) in (&mut xc).zip(&mut yc) {
+            for j in 0..8 {
+                xa[j] += ya[j];
+                acc[j] += xa[j] * xa[j];
+            }
         }
+        for (j, (xv, &yv)) in xc
+            .into_remainder()
+            .iter_mut()
+            .zip(yc.remainder())
+            .enumerate()
+        {
+            *xv += yv;
+            acc[j] += *xv * *xv;
+        }
+        let ss = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        scale_row(xr, ss, weight, eps, or);
     }
 }
 
@@ -63,22 +126,53 @@ pub enum RopeStyle {
     NeoX,
 }
 
+/// The dims `(a, b)` RoPE rotates together as pair `i` of the `rot` rotated dims.
+#[inline]
+pub fn rope_pair(i: usize, rot: usize, style: RopeStyle) -> (usize, usize) {
+    match style {
+        RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+        RopeStyle::NeoX => (i, i + rot / 2),
+    }
+}
+
+/// `cos_sin = [cos θ_0, sin θ_0, cos θ_1, sin θ_1, ...]` with `θ_i = pos · inv_freq[i]`
+/// (`cos_sin.len() == 2 * inv_freq.len()`).
+pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], cos_sin: &mut [f32]) {
+    debug_assert_eq!(cos_sin.len(), 2 * inv_freq.len());
+    for (cs, &f) in cos_sin.chunks_exact_mut(2).zip(inv_freq) {
+        let (sin, cos) = (pos as f32 * f).sin_cos();
+        cs[0] = cos;
+        cs[1] = sin;
+    }
+}
+
+/// [`rope`] with the angles of [`rope_cos_sin`] precomputed.
+pub fn rope_with(x: &mut [f32], head_dim: usize, cos_sin: &[f32], style: RopeStyle) {
+    let rot = cos_sin.len();
+    debug_assert!(rot <= head_dim);
+    for head in x.chunks_exact_mut(head_dim) {
+        for (i, cs) in cos_sin.chunks_exact(2).enumerate() {
+            let (cos, sin) = (cs[0], cs[1]);
+            let (a, b) = rope_pair(i, rot, style);
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
 /// Rotates the first `2 * inv_freq.len()` dims of each `head_dim`-sized head in `x` by
 /// angle `pos * inv_freq[i]` (RoFormer, <https://arxiv.org/abs/2104.09864>).
 ///
 /// `x` holds the heads of one token, `[n_heads, head_dim]`; dims past the rotary part
 /// (partial rotary) are left as they are.
 pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32], style: RopeStyle) {
-    let half = inv_freq.len();
-    let rot = 2 * half;
+    let rot = 2 * inv_freq.len();
     debug_assert!(rot <= head_dim);
     for head in x.chunks_exact_mut(head_dim) {
         for (i, &f) in inv_freq.iter().enumerate() {
             let (sin, cos) = (pos as f32 * f).sin_cos();
-            let (a, b) = match style {
-                RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                RopeStyle::NeoX => (i, i + rot / 2),
-            };
+            let (a, b) = rope_pair(i, rot, style);
             let (x0, x1) = (head[a], head[b]);
             head[a] = x0 * cos - x1 * sin;
             head[b] = x0 * sin + x1 * cos;
@@ -128,6 +222,26 @@ mod tests {
         let n0: f32 = c.iter().map(|v| v * v).sum();
         rope(&mut c, 4, 17, &inv, RopeStyle::NeoX);
         assert!((c.iter().map(|v| v * v).sum::<f32>() - n0).abs() < 1e-5);
+    }
+
+    #[test]
+    fn add_rms_norm_is_add_then_rms_norm_bit_for_bit() {
+        for d in [1, 7, 8, 13, 64, 576] {
+            let w: Vec<f32> = (0..d).map(|i| 0.5 + (i % 5) as f32 * 0.25).collect();
+            let x0: Vec<f32> = (0..3 * d)
+                .map(|i| ((i * 37) % 19) as f32 * 0.3 - 2.0)
+                .collect();
+            let y: Vec<f32> = (0..3 * d)
+                .map(|i| ((i * 11) % 23) as f32 * 0.1 - 1.0)
+                .collect();
+            let (mut xa, mut xb) = (x0.clone(), x0);
+            let (mut oa, mut ob) = (vec![0f32; 3 * d], vec![0f32; 3 * d]);
+            add_rms_norm(&mut xa, &y, &w, 1e-5, &mut oa);
+            add_in_place(&mut xb, &y);
+            rms_norm(&xb, &w, 1e-5, &mut ob);
+            assert_eq!(xa, xb);
+            assert_eq!(oa, ob);
+        }
     }
 
     #[test]

@@ -171,6 +171,23 @@ impl ThreadPool {
         self.num_threads
     }
 
+    /// Returns once every worker has started and run a task (or after about a second, on a
+    /// machine too busy to schedule them all). Thread start-up — allocations included — then
+    /// lies behind the caller: call it before a latency-critical or measured phase (a
+    /// zero-allocation steady state, a benchmark).
+    pub fn warm_up(&self) {
+        let n = self.num_threads;
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let arrived = AtomicUsize::new(0);
+        self.parallel_for(n, |_| {
+            arrived.fetch_add(1, Ordering::AcqRel);
+            // Hold this thread until every thread holds a task, so each runs exactly one.
+            while arrived.load(Ordering::Acquire) < n && Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+        });
+    }
+
     /// Runs `f(i)` for every `i < n_tasks`, each exactly once, on the pool's threads and the
     /// caller's; returns when all are done. See the module docs for nesting and panics.
     pub fn parallel_for<F: Fn(usize) + Sync>(&self, n_tasks: usize, f: F) {

@@ -153,3 +153,17 @@ fn dropping_a_pool_joins_its_workers() {
         assert_once(&c, "before drop");
     }
 }
+
+#[test]
+fn warm_up_returns_and_the_pool_keeps_working() {
+    for threads in [1, 2, 4] {
+        let pool = ThreadPool::new(threads);
+        // Returns (at the latest after its 1 s deadline) and leaves the pool usable.
+        pool.warm_up();
+        let ids = Mutex::new(Vec::new());
+        pool.parallel_for(threads, |_| {
+            ids.lock().unwrap().push(std::thread::current().id());
+        });
+        assert_eq!(ids.into_inner().unwrap().len(), threads);
+    }
+}

@@ -5,6 +5,7 @@
 //! file cannot make the model allocate absurd buffers or divide by zero.
 
 use tokenmill_gguf::GgufFile;
+use tokenmill_kernels::attention::AttnShape;
 use tokenmill_kernels::ops::RopeStyle;
 
 use crate::ModelError;
@@ -68,11 +69,14 @@ pub struct ModelConfig {
     /// Dimensions of each head that RoPE rotates (≤ `head_dim`).
     pub rope_dim: usize,
     pub rope_scaling: RopeScaling,
+    /// Which RoPE pairing the weights expect: interleaved for Llama GGUFs (Q/K permuted at
+    /// conversion), halves (NeoX) for Qwen2 GGUFs and every Hugging Face checkpoint.
+    pub rope_style: RopeStyle,
 }
 
 /// Sizes above these are rejected as corrupt rather than allocated.
-const MAX_DIM: u64 = 1 << 20;
-const MAX_LAYERS: u64 = 4096;
+pub(crate) const MAX_DIM: u64 = 1 << 20;
+pub(crate) const MAX_LAYERS: u64 = 4096;
 
 impl ModelConfig {
     pub fn from_gguf(file: &GgufFile) -> Result<ModelConfig, ModelError> {
@@ -161,12 +165,23 @@ impl ModelConfig {
             rope_theta,
             rope_dim,
             rope_scaling,
+            rope_style: arch.rope_style(),
         })
     }
 
     /// Values per token per layer in K (and in V): `n_kv_heads * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
+    }
+
+    /// The attention geometry, with the usual `1 / sqrt(head_dim)` scale.
+    pub fn attn_shape(&self) -> AttnShape {
+        AttnShape {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+        }
     }
 
     /// RoPE inverse frequencies `1 / theta^(2i/rope_dim)`, with the scaling folded in.

@@ -1,27 +1,46 @@
 //! tokenmill-model: model architectures and the batched forward pass.
 //!
-//! Loads a model's configuration and weights from a GGUF file (weights stay memory-mapped in
-//! their quantized format) and computes logits for a batch of sequence chunks over a paged KV
+//! Loads a model's configuration and weights from a GGUF file or a Hugging Face folder
+//! (`config.json` + safetensors; weights stay memory-mapped in their stored format, see
+//! `store.rs`) and computes logits for a batch of sequence chunks over a paged KV
 //! cache. Knows nothing of requests, scheduling or HTTP.
 
 mod batch;
 mod config;
+pub mod deepseek;
+mod hf_config;
 mod kv_cache;
 mod llama;
+mod model;
 mod profile;
+mod store;
 mod weights;
+mod workspace;
 
 pub use batch::{LogitsWanted, SeqChunk};
 pub use config::{Arch, ModelConfig, RopeScaling};
 pub use kv_cache::KvCache;
-pub use llama::{LlamaModel, Workspace};
+pub use llama::LlamaModel;
+pub use model::{KvShape, Model, ModelKv};
 pub use profile::{OpKind, OpProfile};
+pub use store::{Linear, TensorRef, WeightStore};
+pub use weights::Naming;
+pub use workspace::Workspace;
 
 /// Why a model could not be loaded or a batch could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] tokenmill_gguf::GgufError),
+    #[error(transparent)]
+    Safetensors(#[from] tokenmill_safetensors::SafetensorsError),
+    #[error("reading {path}: {source}")]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tensor '{name}' has dtype {dtype}, which is not supported (F32, F16, BF16)")]
+    UnsupportedDtype { name: String, dtype: String },
     #[error("unsupported architecture '{0}'")]
     UnsupportedArchitecture(String),
     #[error("missing metadata key '{key}'")]
@@ -40,4 +59,10 @@ pub enum ModelError {
     TokenOutOfRange { token: u32, vocab_size: usize },
     #[error("block table does not cover {positions} positions of the KV cache")]
     BadBlockTable { positions: usize },
+}
+
+/// The text of `dir/config.json`.
+pub fn read_config_json(dir: &std::path::Path) -> Result<String, ModelError> {
+    let path = dir.join("config.json");
+    std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path, source })
 }

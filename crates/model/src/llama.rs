@@ -1,80 +1,96 @@
 //! The Llama-family forward pass (Llama 2/3, SmolLM2, Mistral, Qwen2) over a batch of
 //! sequence chunks with a paged KV cache.
 //!
-//! Per layer, for all `T` tokens of the batch at once:
+//! Per layer, for all `T` tokens of the batch at once (`xn` arrives normalised):
 //! ```text
-//! xn = rms_norm(x) · attn_norm                      [T, hidden]
-//! q, k, v = xn·Wqᵀ (+bq), xn·Wkᵀ (+bk), xn·Wvᵀ (+bv)   [T, q_dim], [T, kv_dim] ×2
-//! rope(q, k) at each token's position; k, v → cache
-//! a = attention(q, cache of the token's sequence)   [T, q_dim]
-//! x += a·Woᵀ
-//! xn = rms_norm(x) · ffn_norm
-//! x += (silu(xn·Wgᵀ) ⊙ xn·Wuᵀ)·Wdᵀ
+//! qkv = xn·[Wq; Wk; Wv]ᵀ (+ [bq; bk; bv])            [T, q_dim + 2·kv_dim]  one pass
+//! rope(q); rope(k) → cache, v → cache                  one pass over K
+//! a = attention(q, cache of the token's sequence)      [T, q_dim]
+//! x += a·Woᵀ;  xn = rms_norm(x) · ffn_norm             one pass
+//! f = silu(xn·Wgᵀ) ⊙ xn·Wuᵀ                            [T, ffn_hidden]  one pass
+//! x += f·Wdᵀ;  xn = rms_norm(x) · next attn_norm       one pass
 //! ```
 //! then `logits = rms_norm(x) · output_norm · Woutᵀ` for the rows the chunks ask for.
 //! Each chunk's K/V are written to the cache before attention, so a token at position `p`
 //! attends to positions `0..=p` of its own sequence (causal, chunk-size independent).
+//!
+//! Every op is row-wise, and attention's result for a row depends only on that row's
+//! sequence (see `tokenmill_kernels::attention`), so a token's logits are bit-identical
+//! however the batch was formed: alone, batched, in prefill chunks or as a decode step.
+//! The RoPE angles are computed once per token per call (`Workspace::rope_cs`) and shared by
+//! every layer and head. With a workspace that has seen the batch shape, a call allocates
+//! nothing.
+
+use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
-use tokenmill_kernels::attention::{AttnShape, attend};
-use tokenmill_kernels::matmul::matmul;
-use tokenmill_kernels::ops::{add_bias, add_in_place, rms_norm, rope, silu_mul};
+use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, RopeAt, attention};
+use tokenmill_kernels::glu::matmul_silu_mul;
+use tokenmill_kernels::matmul::{matmul, matmul_multi};
+use tokenmill_kernels::ops::{
+    add_bias, add_in_place, add_rms_norm, rms_norm, rope_cos_sin, rope_with,
+};
 
 use crate::batch::SeqChunk;
-use crate::profile::{OpKind, OpProfile, start, stop};
+use crate::profile::{OpKind, start, stop};
+use crate::store::WeightStore;
 use crate::weights::{LayerWeights, Weights};
+use crate::workspace::{Workspace, resize};
 use crate::{KvCache, ModelConfig, ModelError};
 
 pub struct LlamaModel {
-    file: GgufFile,
+    store: WeightStore,
     cfg: ModelConfig,
     weights: Weights,
     inv_freq: Vec<f32>,
 }
 
-/// Activation buffers, reused across forward calls (grown on demand, never shrunk).
-#[derive(Default)]
-pub struct Workspace {
-    /// Residual stream `[T, hidden]`.
-    x: Vec<f32>,
-    /// Normalised input of a sub-layer `[T, hidden]`.
-    xn: Vec<f32>,
-    /// `[T, q_dim]`
-    q: Vec<f32>,
-    /// `[T, kv_dim]`
-    k: Vec<f32>,
-    /// `[T, kv_dim]`
-    v: Vec<f32>,
-    /// Attention output `[T, q_dim]`.
-    attn: Vec<f32>,
-    /// Sub-layer output `[T, hidden]`.
-    proj: Vec<f32>,
-    /// `[T, ffn_hidden]`
-    gate: Vec<f32>,
-    /// `[T, ffn_hidden]`
-    up: Vec<f32>,
-    /// Final hidden rows whose logits are wanted `[R, hidden]`.
-    sel: Vec<f32>,
-    /// `[R, vocab]`
-    logits: Vec<f32>,
-    /// Per token: (chunk index, position).
-    tok_pos: Vec<(usize, usize)>,
-    /// Time per op kind, when set to `Some`.
-    pub profile: Option<OpProfile>,
-}
+/// The batch's chunks as attention sees them.
+struct Chunks<'a, 'b>(&'b [SeqChunk<'a>]);
 
-fn resize(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    buf.resize(len, 0.0);
-    &mut buf[..len]
+impl AttnSeqs for Chunks<'_, '_> {
+    fn num_seqs(&self) -> usize {
+        self.0.len()
+    }
+
+    fn seq(&self, i: usize) -> AttnSeq<'_> {
+        let c = &self.0[i];
+        AttnSeq {
+            n_q: c.tokens.len(),
+            start_pos: c.start_pos,
+            block_table: c.block_table,
+        }
+    }
 }
 
 impl LlamaModel {
+    /// The model of a GGUF file.
     pub fn load(file: GgufFile) -> Result<LlamaModel, ModelError> {
         let cfg = ModelConfig::from_gguf(&file)?;
-        let weights = Weights::load(&file, &cfg)?;
+        Self::from_store(WeightStore::Gguf(file), cfg)
+    }
+
+    /// The model of a Hugging Face folder: `config.json` and safetensors weights.
+    pub fn load_hf_dir(dir: &Path) -> Result<LlamaModel, ModelError> {
+        let cfg = ModelConfig::from_hf_config(&crate::read_config_json(dir)?)?;
+        Self::from_store(WeightStore::open_hf_dir(dir)?, cfg)
+    }
+
+    /// [`Self::load_hf_dir`] for a folder, else [`Self::load`] of the GGUF file at `path`.
+    pub fn open(path: &Path) -> Result<LlamaModel, ModelError> {
+        if path.is_dir() {
+            Self::load_hf_dir(path)
+        } else {
+            Self::load(GgufFile::open(path)?)
+        }
+    }
+
+    /// The model whose weights are in `store`, shaped by `cfg`.
+    pub fn from_store(store: WeightStore, cfg: ModelConfig) -> Result<LlamaModel, ModelError> {
+        let weights = Weights::load(&store, &cfg)?;
         let inv_freq = cfg.rope_inv_freq();
         Ok(LlamaModel {
-            file,
+            store,
             cfg,
             weights,
             inv_freq,
@@ -85,8 +101,13 @@ impl LlamaModel {
         &self.cfg
     }
 
-    pub fn file(&self) -> &GgufFile {
-        &self.file
+    pub fn store(&self) -> &WeightStore {
+        &self.store
+    }
+
+    /// Bytes of every matmul weight (what one forward step streams from memory).
+    pub fn matmul_weight_bytes(&self) -> usize {
+        self.weights.matmul_bytes()
     }
 
     /// Checks a batch against the vocabulary and the cache before running it.
@@ -112,6 +133,12 @@ impl LlamaModel {
         Ok(())
     }
 
+    /// A workspace that never allocates for batches of up to `max_batch_tokens` tokens in up
+    /// to `max_seqs` chunks (see [`Workspace::new`]).
+    pub fn workspace(&self, max_batch_tokens: usize, max_seqs: usize) -> Workspace {
+        Workspace::new(&self.cfg, max_batch_tokens, max_seqs)
+    }
+
     /// Runs the batch; returns the wanted logits, `[Σ chunk.n_logits(), vocab]`, in chunk order.
     pub fn forward<'w>(
         &self,
@@ -120,7 +147,7 @@ impl LlamaModel {
         ws: &'w mut Workspace,
     ) -> Result<&'w mut [f32], ModelError> {
         self.validate(chunks, kv)?;
-        let h = self.cfg.hidden;
+        let (h, rope_dim) = (self.cfg.hidden, self.cfg.rope_dim);
         ws.tok_pos.clear();
         for (ci, c) in chunks.iter().enumerate() {
             ws.tok_pos
@@ -128,9 +155,9 @@ impl LlamaModel {
         }
         let n_tok = ws.tok_pos.len();
 
-        // Embedding lookup.
+        // Embedding lookup, RoPE angles, the first attention norm.
         let t = start(&ws.profile);
-        let embd = self.weights.token_embd.view(&self.file);
+        let embd = self.weights.token_embd.view(&self.store);
         let x = resize(&mut ws.x, n_tok * h);
         for (row, &id) in x
             .chunks_exact_mut(h)
@@ -138,16 +165,32 @@ impl LlamaModel {
         {
             embd.dequantize_row_into(id as usize, row);
         }
+        let cs = resize(&mut ws.rope_cs, n_tok * rope_dim);
+        for (cs, &(_, pos)) in cs.chunks_exact_mut(rope_dim).zip(&ws.tok_pos) {
+            rope_cos_sin(pos, &self.inv_freq, cs);
+        }
         stop(&mut ws.profile, OpKind::Embed, t);
+        let t = start(&ws.profile);
+        let xn = resize(&mut ws.xn, n_tok * h);
+        rms_norm(
+            &ws.x,
+            &self.weights.layers[0].attn_norm,
+            self.cfg.rms_eps,
+            xn,
+        );
+        stop(&mut ws.profile, OpKind::Norm, t);
 
-        for (l, lw) in self.weights.layers.iter().enumerate() {
+        let layers = &self.weights.layers;
+        for (l, lw) in layers.iter().enumerate() {
+            crate::profile::set_layer(l);
             self.attention_block(l, lw, chunks, kv, ws);
-            self.ffn_block(lw, ws);
+            self.ffn_block(lw, layers.get(l + 1), ws);
         }
         Ok(self.lm_head(chunks, ws))
     }
 
-    /// `x += attention(rms_norm(x))` for layer `l`, writing the batch's K/V into the cache.
+    /// `x += attention(xn)·Woᵀ`, `xn = rms_norm(x) · ffn_norm`, for layer `l`, writing the
+    /// batch's K/V into the cache.
     fn attention_block(
         &self,
         l: usize,
@@ -158,105 +201,78 @@ impl LlamaModel {
     ) {
         let cfg = &self.cfg;
         let (h, q_dim, kv_dim) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.kv_dim());
+        let qkv_dim = q_dim + 2 * kv_dim;
         let n_tok = ws.tok_pos.len();
         let t = start(&ws.profile);
-        let xn = resize(&mut ws.xn, n_tok * h);
-        rms_norm(&ws.x, &lw.attn_norm, cfg.rms_eps, xn);
-        stop(&mut ws.profile, OpKind::Norm, t);
-
-        let t = start(&ws.profile);
-        let q = resize(&mut ws.q, n_tok * q_dim);
-        let k = resize(&mut ws.k, n_tok * kv_dim);
-        let v = resize(&mut ws.v, n_tok * kv_dim);
-        matmul(xn, &lw.wq.view(&self.file), q);
-        matmul(xn, &lw.wk.view(&self.file), k);
-        matmul(xn, &lw.wv.view(&self.file), v);
-        for (b, out) in [(&lw.bq, &mut *q), (&lw.bk, &mut *k), (&lw.bv, &mut *v)] {
-            if let Some(b) = b {
-                add_bias(out, b);
-            }
+        let qkv = resize(&mut ws.qkv, n_tok * qkv_dim);
+        let f = &self.store;
+        matmul_multi(&ws.xn, &[lw.wq.view(f), lw.wk.view(f), lw.wv.view(f)], qkv);
+        if let Some(b) = &lw.qkv_bias {
+            add_bias(qkv, b);
         }
         stop(&mut ws.profile, OpKind::QkvMatmul, t);
 
         let t = start(&ws.profile);
-        let style = cfg.arch.rope_style();
-        for (i, &(ci, pos)) in ws.tok_pos.iter().enumerate() {
-            rope(
-                &mut q[i * q_dim..(i + 1) * q_dim],
-                cfg.head_dim,
-                pos,
-                &self.inv_freq,
-                style,
-            );
-            let ki = &mut k[i * kv_dim..(i + 1) * kv_dim];
-            rope(ki, cfg.head_dim, pos, &self.inv_freq, style);
-            kv.write(
-                l,
-                chunks[ci].block_table,
-                pos,
-                ki,
-                &v[i * kv_dim..(i + 1) * kv_dim],
-            );
+        let style = cfg.rope_style;
+        let mut layer_kv = kv.layer_mut(l);
+        for ((row, cs), &(ci, pos)) in qkv
+            .chunks_exact_mut(qkv_dim)
+            .zip(ws.rope_cs.chunks_exact(cfg.rope_dim))
+            .zip(&ws.tok_pos)
+        {
+            let (q, kv_row) = row.split_at_mut(q_dim);
+            rope_with(q, cfg.head_dim, cs, style);
+            let (k, v) = kv_row.split_at(kv_dim);
+            let rope = RopeAt { cos_sin: cs, style };
+            layer_kv.write(chunks[ci].block_table, pos, k, v, Some(rope));
         }
         stop(&mut ws.profile, OpKind::RopeKvWrite, t);
 
         let t = start(&ws.profile);
-        let shape = AttnShape {
-            n_heads: cfg.n_heads,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-        };
         let attn = resize(&mut ws.attn, n_tok * q_dim);
-        let layer_kv = kv.layer(l);
-        for (i, &(ci, pos)) in ws.tok_pos.iter().enumerate() {
-            let range = i * q_dim..(i + 1) * q_dim;
-            let table = chunks[ci].block_table;
-            attend(
-                &q[range.clone()],
-                &layer_kv,
-                table,
-                pos + 1,
-                &shape,
-                &mut attn[range],
-            );
-        }
+        let shape = cfg.attn_shape();
+        let seqs = Chunks(chunks);
+        let layer = kv.layer(l);
+        attention(
+            qkv,
+            qkv_dim,
+            &layer,
+            &seqs,
+            &shape,
+            &mut ws.attn_scratch,
+            attn,
+        );
         stop(&mut ws.profile, OpKind::Attention, t);
 
         let t = start(&ws.profile);
         let proj = resize(&mut ws.proj, n_tok * h);
-        matmul(attn, &lw.wo.view(&self.file), proj);
+        matmul(attn, &lw.wo.view(f), proj);
         stop(&mut ws.profile, OpKind::OutProj, t);
         let t = start(&ws.profile);
-        add_in_place(&mut ws.x, proj);
+        add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, cfg.rms_eps, &mut ws.xn);
         stop(&mut ws.profile, OpKind::Norm, t);
     }
 
-    /// `x += W_down · (silu(W_gate · xn) ⊙ W_up · xn)` with `xn = rms_norm(x)`.
-    fn ffn_block(&self, lw: &LayerWeights, ws: &mut Workspace) {
+    /// `x += W_down · (silu(W_gate · xn) ⊙ W_up · xn)`, then `xn = rms_norm(x)` with the next
+    /// layer's attention norm (the final norm is the LM head's, on the wanted rows only).
+    fn ffn_block(&self, lw: &LayerWeights, next: Option<&LayerWeights>, ws: &mut Workspace) {
         let cfg = &self.cfg;
         let (h, f) = (cfg.hidden, cfg.ffn_hidden);
         let n_tok = ws.tok_pos.len();
         let t = start(&ws.profile);
-        let xn = resize(&mut ws.xn, n_tok * h);
-        rms_norm(&ws.x, &lw.ffn_norm, cfg.rms_eps, xn);
-        stop(&mut ws.profile, OpKind::Norm, t);
-
-        let t = start(&ws.profile);
-        let gate = resize(&mut ws.gate, n_tok * f);
-        let up = resize(&mut ws.up, n_tok * f);
-        matmul(xn, &lw.w_gate.view(&self.file), gate);
-        matmul(xn, &lw.w_up.view(&self.file), up);
-        stop(&mut ws.profile, OpKind::FfnMatmul, t);
-        let t = start(&ws.profile);
-        silu_mul(gate, up);
-        stop(&mut ws.profile, OpKind::Activation, t);
+        let ffn = resize(&mut ws.ffn, n_tok * f);
+        let file = &self.store;
+        matmul_silu_mul(&ws.xn, &lw.w_gate.view(file), &lw.w_up.view(file), ffn);
+        stop(&mut ws.profile, OpKind::FfnGateUp, t);
         let t = start(&ws.profile);
         let proj = resize(&mut ws.proj, n_tok * h);
-        matmul(gate, &lw.w_down.view(&self.file), proj);
-        stop(&mut ws.profile, OpKind::FfnMatmul, t);
+        matmul(ffn, &lw.w_down.view(file), proj);
+        stop(&mut ws.profile, OpKind::FfnDown, t);
         let t = start(&ws.profile);
-        add_in_place(&mut ws.x, proj);
+        match next {
+            Some(next) => add_rms_norm(&mut ws.x, proj, &next.attn_norm, cfg.rms_eps, &mut ws.xn),
+            None => add_in_place(&mut ws.x, proj),
+        }
         stop(&mut ws.profile, OpKind::Norm, t);
     }
 
@@ -282,7 +298,7 @@ impl LlamaModel {
             t0 += len;
         }
         let logits = resize(&mut ws.logits, n_rows * vocab);
-        matmul(sel, &self.weights.output.view(&self.file), logits);
+        matmul(sel, &self.weights.output.view(&self.store), logits);
         stop(&mut ws.profile, OpKind::LmHead, t);
         logits
     }

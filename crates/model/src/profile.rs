@@ -1,21 +1,39 @@
-//! [`OpProfile`]: optional wall time per op kind of the forward pass, for `bench-model`'s
-//! "share of time per op kind" and, later, the profiler's op × layer view.
+//! Op timing of the forward pass, for two consumers:
+//! - [`OpProfile`]: wall time per op kind, summed (`bench-model`'s "share of time per op
+//!   kind"), on when `Workspace::profile` is `Some`;
+//! - the trace recorder (`tokenmill-trace`): while a trace session runs, every op is also
+//!   recorded as a complete event named [`OpKind::name`] in category `"op"`, with its layer
+//!   index as the `layer` argument (no argument for ops outside the layers).
 //!
-//! Off by default (`Workspace::profile == None`), when a timed op costs one `Option` check.
+//! When both are off, a timed op costs one `Option` check and one atomic load.
+//!
+//! The layer index is per thread (the forward pass runs on one calling thread; kernels fan
+//! out to the pool inside an op): the layer loop sets it with [`set_layer`], and the
+//! [`OpKind::Embed`] op — the first of every forward — clears it, so the first norm (before
+//! the layers) has no layer. `Embed` and `LmHead` never carry a layer. The fused norm after a
+//! layer's FFN belongs to that layer (for the last layer it is the final norm).
+//!
+//! New op kinds (e.g. MoE routing and experts) are added to [`OpKind`], `OpKind::ALL` and
+//! `OpKind::name`; the trace and the profiler's report pick them up by name.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 /// The kinds of work a forward pass does, in data-path order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OpKind {
     Embed,
+    /// Residual add fused with the next RMSNorm (and the first / final norms).
     Norm,
+    /// Q, K and V in one pass, plus their biases.
     QkvMatmul,
+    /// RoPE of Q, and of K fused into the cache write.
     RopeKvWrite,
     Attention,
     OutProj,
-    FfnMatmul,
-    Activation,
+    /// Gate and up projections with the SiLU gate fused in.
+    FfnGateUp,
+    FfnDown,
     LmHead,
 }
 
@@ -27,21 +45,21 @@ impl OpKind {
         OpKind::RopeKvWrite,
         OpKind::Attention,
         OpKind::OutProj,
-        OpKind::FfnMatmul,
-        OpKind::Activation,
+        OpKind::FfnGateUp,
+        OpKind::FfnDown,
         OpKind::LmHead,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Embed => "embed",
-            OpKind::Norm => "rms_norm+residual",
+            OpKind::Norm => "add_rms_norm",
             OpKind::QkvMatmul => "qkv_matmul",
             OpKind::RopeKvWrite => "rope+kv_write",
             OpKind::Attention => "attention",
             OpKind::OutProj => "attn_output",
-            OpKind::FfnMatmul => "ffn_matmul",
-            OpKind::Activation => "silu_mul",
+            OpKind::FfnGateUp => "ffn_gate_up+silu",
+            OpKind::FfnDown => "ffn_down",
             OpKind::LmHead => "lm_head",
         }
     }
@@ -67,14 +85,74 @@ impl OpProfile {
     }
 }
 
-/// Starts timing an op if profiling is on.
-pub(crate) fn start(p: &Option<OpProfile>) -> Option<Instant> {
-    p.as_ref().map(|_| Instant::now())
+/// No layer (ops before and after the layer loop).
+const NO_LAYER: u32 = u32::MAX;
+
+thread_local! {
+    /// Layer index of the ops this thread runs now, [`NO_LAYER`] outside the layer loop.
+    static LAYER: Cell<u32> = const { Cell::new(NO_LAYER) };
 }
 
-/// Adds the time since `t` to `kind`.
+/// Tells the trace which layer the following ops belong to (called by the layer loop).
+#[inline]
+pub(crate) fn set_layer(l: usize) {
+    if tokenmill_trace::enabled() {
+        LAYER.with(|c| c.set(l as u32));
+    }
+}
+
+/// Starts timing an op if profiling or tracing is on.
+#[inline]
+pub(crate) fn start(p: &Option<OpProfile>) -> Option<Instant> {
+    (p.is_some() || tokenmill_trace::enabled()).then(Instant::now)
+}
+
+/// Adds the time since `t` to `kind`, and records the op in the trace when it is on.
+#[inline]
 pub(crate) fn stop(p: &mut Option<OpProfile>, kind: OpKind, t: Option<Instant>) {
-    if let (Some(p), Some(t)) = (p.as_mut(), t) {
-        p.totals[kind as usize] += t.elapsed();
+    let Some(t) = t else { return };
+    let end = Instant::now();
+    if let Some(p) = p.as_mut() {
+        p.totals[kind as usize] += end - t;
+    }
+    if tokenmill_trace::enabled() {
+        record(kind, t, end);
+    }
+}
+
+fn record(kind: OpKind, t: Instant, end: Instant) {
+    let layer = match kind {
+        OpKind::Embed => {
+            LAYER.with(|c| c.set(NO_LAYER));
+            NO_LAYER
+        }
+        OpKind::LmHead => NO_LAYER,
+        _ => LAYER.with(Cell::get),
+    };
+    let name = kind.name();
+    if layer == NO_LAYER {
+        tokenmill_trace::complete_at(name, "op", t, end, &[]);
+    } else {
+        let args = [("layer", tokenmill_trace::Arg::Int(layer.into()))];
+        tokenmill_trace::complete_at(name, "op", t, end, &args);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profile_totals_work_without_tracing() {
+        let mut p = Some(OpProfile::default());
+        let t = start(&p);
+        assert!(t.is_some());
+        std::thread::sleep(Duration::from_millis(1));
+        stop(&mut p, OpKind::Attention, t);
+        let p = p.unwrap();
+        assert!(p.total(OpKind::Attention) >= Duration::from_millis(1));
+        assert_eq!(p.sum(), p.total(OpKind::Attention));
+        // Neither profile nor trace: nothing is timed.
+        assert!(start(&None).is_none() || tokenmill_trace::enabled());
     }
 }

@@ -1,30 +1,71 @@
-//! The weights of a Llama-family model, located in the GGUF file and shape-checked at load.
+//! The weights of a Llama-family model, located in their [`WeightStore`] and shape-checked at
+//! load.
 //!
-//! Matrices stay in the file's memory map in their native quantized format ([`Linear`] only
-//! records where); norms and biases are small and are dequantized to f32 once.
+//! Matrices stay in the store's memory map in their native format ([`Linear`] only records
+//! where); norms and biases are small and are dequantized to f32 once. Tensor names follow the
+//! store's convention ([`Naming`]): llama.cpp's (`blk.N.attn_q.weight`) for GGUF, Hugging
+//! Face's (`model.layers.N.self_attn.q_proj.weight`) for safetensors.
+//!
+//! Q/K/V (and gate/up) are not concatenated into copies: the forward runs them as one pass
+//! over the mapped matrices (`matmul_multi`, `matmul_silu_mul`: one activation quantization,
+//! one pool job), which works even when their weight types differ but share an activation
+//! format (a Q6_K `attn_v` beside Q4_K `attn_q`/`attn_k` in Q4_K_M files). The Q/K/V biases
+//! are concatenated here (zeros for a missing one) to match the side-by-side Q/K/V output.
 
-use tokenmill_gguf::{GgufFile, TensorInfo};
-use tokenmill_kernels::matmul::QMatrix;
-use tokenmill_kernels::quant::dequantize_row;
-
+use crate::store::{Linear, WeightStore};
 use crate::{ModelConfig, ModelError};
 
-/// A linear layer's weight `[rows = out features, cols = in features]`, in the file.
-#[derive(Clone, Debug)]
-pub struct Linear {
-    info: TensorInfo,
-    pub rows: usize,
-    pub cols: usize,
+/// A store's tensor naming convention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Naming {
+    /// llama.cpp's GGUF names.
+    Gguf,
+    /// Hugging Face transformers' state-dict names.
+    Hf,
 }
 
-impl Linear {
-    /// The matrix view over `file`'s bytes.
-    pub fn view<'a>(&self, file: &'a GgufFile) -> QMatrix<'a> {
-        QMatrix {
-            ty: self.info.ty,
-            rows: self.rows,
-            cols: self.cols,
-            data: file.tensor_data(&self.info),
+impl Naming {
+    pub fn for_store(store: &WeightStore) -> Naming {
+        match store {
+            WeightStore::Gguf(_) => Naming::Gguf,
+            WeightStore::Safetensors(_) => Naming::Hf,
+        }
+    }
+
+    /// A whole-model tensor, by its GGUF name (`token_embd`, `output_norm`, `output`).
+    pub fn global(self, gguf: &str) -> String {
+        let hf = match gguf {
+            "token_embd" => "model.embed_tokens",
+            "output_norm" => "model.norm",
+            "output" => "lm_head",
+            other => other,
+        };
+        match self {
+            Naming::Gguf => format!("{gguf}.weight"),
+            Naming::Hf => format!("{hf}.weight"),
+        }
+    }
+
+    /// Layer `i`'s tensor by its GGUF short name and suffix (`attn_q.bias`).
+    pub fn layer(self, i: usize, gguf: &str) -> String {
+        let (base, suffix) = gguf.split_once('.').unwrap_or((gguf, "weight"));
+        match self {
+            Naming::Gguf => format!("blk.{i}.{base}.{suffix}"),
+            Naming::Hf => {
+                let hf = match base {
+                    "attn_norm" => "input_layernorm",
+                    "attn_q" => "self_attn.q_proj",
+                    "attn_k" => "self_attn.k_proj",
+                    "attn_v" => "self_attn.v_proj",
+                    "attn_output" => "self_attn.o_proj",
+                    "ffn_norm" => "post_attention_layernorm",
+                    "ffn_gate" => "mlp.gate_proj",
+                    "ffn_up" => "mlp.up_proj",
+                    "ffn_down" => "mlp.down_proj",
+                    other => other,
+                };
+                format!("model.layers.{i}.{hf}.{suffix}")
+            }
         }
     }
 }
@@ -34,10 +75,9 @@ pub struct LayerWeights {
     pub wq: Linear,
     pub wk: Linear,
     pub wv: Linear,
-    /// Qwen2's Q/K/V biases.
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
+    /// Qwen2's Q/K/V biases side by side, `[q_dim + 2 · kv_dim]` (zeros for a missing one);
+    /// `None` when the layer has none.
+    pub qkv_bias: Option<Vec<f32>>,
     pub wo: Linear,
     pub ffn_norm: Vec<f32>,
     pub w_gate: Linear,
@@ -54,81 +94,61 @@ pub struct Weights {
 }
 
 impl Weights {
-    pub fn load(file: &GgufFile, cfg: &ModelConfig) -> Result<Weights, ModelError> {
+    pub fn load(store: &WeightStore, cfg: &ModelConfig) -> Result<Weights, ModelError> {
+        let names = Naming::for_store(store);
         let (h, q_dim, kv_dim) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.kv_dim());
-        let token_embd = linear(file, "token_embd.weight", cfg.vocab_size, h)?;
+        let token_embd = store.linear(&names.global("token_embd"), cfg.vocab_size, h)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |s: &str, len: usize| -> Result<Option<Vec<f32>>, ModelError> {
-                match file.tensor(&n(s)) {
-                    Some(_) => vector(file, &n(s), len).map(Some),
-                    None => Ok(None),
-                }
-            };
+            let n = |s: &str| names.layer(i, s);
+            let biases = [
+                store.dense_opt(&n("attn_q.bias"), &[q_dim])?,
+                store.dense_opt(&n("attn_k.bias"), &[kv_dim])?,
+                store.dense_opt(&n("attn_v.bias"), &[kv_dim])?,
+            ];
+            let qkv_bias = biases.iter().any(Option::is_some).then(|| {
+                biases
+                    .iter()
+                    .zip([q_dim, kv_dim, kv_dim])
+                    .flat_map(|(b, len)| b.clone().unwrap_or_else(|| vec![0.0; len]))
+                    .collect()
+            });
+            let f = cfg.ffn_hidden;
             layers.push(LayerWeights {
-                attn_norm: vector(file, &n("attn_norm.weight"), h)?,
-                wq: linear(file, &n("attn_q.weight"), q_dim, h)?,
-                wk: linear(file, &n("attn_k.weight"), kv_dim, h)?,
-                wv: linear(file, &n("attn_v.weight"), kv_dim, h)?,
-                bq: bias("attn_q.bias", q_dim)?,
-                bk: bias("attn_k.bias", kv_dim)?,
-                bv: bias("attn_v.bias", kv_dim)?,
-                wo: linear(file, &n("attn_output.weight"), h, q_dim)?,
-                ffn_norm: vector(file, &n("ffn_norm.weight"), h)?,
-                w_gate: linear(file, &n("ffn_gate.weight"), cfg.ffn_hidden, h)?,
-                w_up: linear(file, &n("ffn_up.weight"), cfg.ffn_hidden, h)?,
-                w_down: linear(file, &n("ffn_down.weight"), h, cfg.ffn_hidden)?,
+                attn_norm: store.dense(&n("attn_norm"), &[h])?,
+                wq: store.linear(&n("attn_q"), q_dim, h)?,
+                wk: store.linear(&n("attn_k"), kv_dim, h)?,
+                wv: store.linear(&n("attn_v"), kv_dim, h)?,
+                qkv_bias,
+                wo: store.linear(&n("attn_output"), h, q_dim)?,
+                ffn_norm: store.dense(&n("ffn_norm"), &[h])?,
+                w_gate: store.linear(&n("ffn_gate"), f, h)?,
+                w_up: store.linear(&n("ffn_up"), f, h)?,
+                w_down: store.linear(&n("ffn_down"), h, f)?,
             });
         }
-        let output = match file.tensor("output.weight") {
-            Some(_) => linear(file, "output.weight", cfg.vocab_size, h)?,
+        let output_name = names.global("output");
+        let output = match store.find(&output_name)? {
+            Some(_) => store.linear(&output_name, cfg.vocab_size, h)?,
             None => token_embd.clone(),
         };
         Ok(Weights {
             token_embd,
             layers,
-            output_norm: vector(file, "output_norm.weight", h)?,
+            output_norm: store.dense(&names.global("output_norm"), &[h])?,
             output,
         })
     }
-}
 
-fn find<'a>(file: &'a GgufFile, name: &str) -> Result<&'a TensorInfo, ModelError> {
-    file.tensor(name).ok_or_else(|| ModelError::MissingTensor {
-        name: name.to_string(),
-    })
-}
-
-/// A 2-D weight of `rows × cols` (ggml dims `[cols, rows]`).
-fn linear(file: &GgufFile, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
-    let info = find(file, name)?;
-    let want = [cols as u64, rows as u64];
-    if info.dims != want {
-        return Err(ModelError::BadShape {
-            name: name.into(),
-            expected: want.to_vec(),
-            found: info.dims.clone(),
-        });
+    /// Bytes of every matmul weight one forward step streams (the embedding table is only
+    /// gathered from, so it counts only when it doubles as the LM head).
+    pub fn matmul_bytes(&self) -> usize {
+        let per_layer = |l: &LayerWeights| {
+            [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                .iter()
+                .map(|w| w.n_bytes())
+                .sum::<usize>()
+        };
+        self.layers.iter().map(per_layer).sum::<usize>() + self.output.n_bytes()
     }
-    Ok(Linear {
-        info: info.clone(),
-        rows,
-        cols,
-    })
-}
-
-/// A 1-D tensor of `len` values, dequantized to f32.
-fn vector(file: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-    let info = find(file, name)?;
-    if info.dims != [len as u64] {
-        return Err(ModelError::BadShape {
-            name: name.into(),
-            expected: vec![len as u64],
-            found: info.dims.clone(),
-        });
-    }
-    let mut out = vec![0f32; len];
-    dequantize_row(info.ty, file.tensor_data(info), &mut out);
-    Ok(out)
 }

@@ -32,7 +32,7 @@ use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
 use crate::error::ApiError;
 use crate::metrics::RejectReason;
-use crate::routes::{chat, completions, generate, info, tokenize};
+use crate::routes::{chat, completions, generate, info, profile, tokenize};
 use crate::state::SharedState;
 
 /// The full application router.
@@ -45,7 +45,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/detokenize", post(tokenize::detokenize))
         .route("/generate", post(generate::generate))
         .route("/server_info", get(info::server_info))
-        .route("/version", get(info::version));
+        .route("/version", get(info::version))
+        .route("/start_profile", post(profile::start_profile))
+        .route("/stop_profile", post(profile::stop_profile));
     let mut open = Router::new().route("/health", get(info::health));
     if state.config.api_key_metrics {
         protected = protected.route("/metrics", get(info::metrics));
@@ -137,6 +139,9 @@ async fn log_and_count(State(state): State<SharedState>, req: Request, next: Nex
     {
         state.metrics.reject(RejectReason::InvalidRequest);
     }
+    if tokenmill_trace::enabled() {
+        trace_http(&path, status, t);
+    }
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if path == "/health" || path == "/metrics" {
         tracing::debug!(%method, %path, status = status.as_u16(), ms, "request");
@@ -144,6 +149,18 @@ async fn log_and_count(State(state): State<SharedState>, req: Request, next: Nex
         tracing::info!(%method, %path, status = status.as_u16(), ms, "request");
     }
     resp
+}
+
+/// Trace: one async `http` span per request, from receipt to the response head (validation,
+/// tokenization and submission; a stream's frames are `stream_send` scopes).
+fn trace_http(path: &str, status: StatusCode, start: Instant) {
+    static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 40);
+    let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let args = [
+        ("path", tokenmill_trace::Arg::Text(path.to_string())),
+        ("status", i64::from(status.as_u16()).into()),
+    ];
+    tokenmill_trace::async_span("http", "server", id, start, Instant::now(), &args);
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.

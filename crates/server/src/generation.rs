@@ -198,6 +198,7 @@ impl ChoiceRunner {
         let result = self
             .pool
             .run(move |tok| {
+                let _s = tokenmill_trace::scope("detokenize", "server");
                 let up = processor.process(tok, events);
                 (processor, up)
             })

@@ -13,7 +13,7 @@ use tokenmill_engine::{
     SlaTargets, num_blocks_for_memory, system_memory_bytes,
 };
 use tokenmill_gguf::GgufFile;
-use tokenmill_model::{LlamaModel, ModelConfig};
+use tokenmill_model::Model;
 use tokenmill_tokenizer::Tokenizer;
 
 /// Engine settings (the `tokenmill serve` flags that are the engine's).
@@ -72,27 +72,29 @@ pub struct Loaded {
     pub config: SchedulerConfig,
     /// Warnings worth showing the operator (tokenizer warnings, clamped limits).
     pub warnings: Vec<String>,
+    /// KV bytes cached per token, all layers (DeepSeek MLA: the latent row only).
+    pub kv_bytes_per_token: usize,
 }
 
 /// Opens the model, sizes the KV cache from `opts` and starts the engine thread.
 pub fn load(opts: &EngineOptions) -> Result<Loaded, LaunchError> {
-    load_with_config(&opts.model_path, |model| {
-        scheduler_config(opts, model.config())
-    })
+    load_with_config(&opts.model_path, |model| scheduler_config(opts, model))
 }
 
 /// The scheduler configuration `opts` asks for on a model of `cfg`.
 pub fn scheduler_config(
     opts: &EngineOptions,
-    cfg: &ModelConfig,
+    model: &Model,
 ) -> Result<SchedulerConfig, LaunchError> {
+    let context_length = model.context_length();
     if opts.block_size == 0 {
         return Err(LaunchError::Config("--block-size must be positive".into()));
     }
     let budget = opts
         .kv_cache_memory
         .resolve(system_memory_bytes().unwrap_or(8 << 30));
-    let num_blocks = num_blocks_for_memory(&KvLayout::from_config(cfg), opts.block_size, 4, budget);
+    let num_blocks =
+        num_blocks_for_memory(&KvLayout::from_model(model), opts.block_size, 4, budget);
     if num_blocks == 0 {
         return Err(LaunchError::Config(format!(
             "--kv-cache-memory ({budget} bytes) holds no KV block of {} tokens",
@@ -100,14 +102,13 @@ pub fn scheduler_config(
         )));
     }
     let max_model_len = match opts.max_model_len {
-        Some(m) if m > cfg.context_length => {
+        Some(m) if m > context_length => {
             return Err(LaunchError::Config(format!(
-                "--max-model-len {m} exceeds the model's context length {}",
-                cfg.context_length
+                "--max-model-len {m} exceeds the model's context length {context_length}"
             )));
         }
         Some(m) => m,
-        None => cfg.context_length,
+        None => context_length,
     };
     Ok(SchedulerConfig {
         block_size: opts.block_size,
@@ -127,15 +128,23 @@ pub fn scheduler_config(
 /// the engine thread.
 pub fn load_with_config<E>(
     path: &Path,
-    make_config: impl FnOnce(&LlamaModel) -> Result<SchedulerConfig, E>,
+    make_config: impl FnOnce(&Model) -> Result<SchedulerConfig, E>,
 ) -> Result<Loaded, LaunchError>
 where
     E: std::fmt::Display,
 {
-    let file = open(path)?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
+    // A folder is a Hugging Face model (config.json + safetensors + tokenizer.json).
+    let (tokenizer, model) = if path.is_dir() {
+        (Tokenizer::from_hf_dir(path)?, Model::open(path)?)
+    } else {
+        let file = open(path)?;
+        let tokenizer = Tokenizer::from_gguf(&file)?;
+        (
+            tokenizer,
+            Model::Llama(tokenmill_model::LlamaModel::load(file)?),
+        )
+    };
     let mut warnings: Vec<String> = tokenizer.warnings().to_vec();
-    let model = LlamaModel::load(file)?;
     let mut config = make_config(&model).map_err(|e| LaunchError::Config(e.to_string()))?;
     let kv_tokens = config.num_blocks * config.block_size;
     if config.max_model_len > kv_tokens {
@@ -146,10 +155,12 @@ where
         ));
         config.max_model_len = kv_tokens;
     }
-    let runner = ModelRunner::new(model, config.num_blocks, config.block_size);
+    let runner = ModelRunner::new(model, &config);
+    let kv_bytes_per_token = runner.kv_bytes_per_token();
     let (engine, engine_thread) = tokenmill_engine::start(runner, config.clone())?;
     Ok(Loaded {
         engine,
+        kv_bytes_per_token,
         tokenizer: Arc::new(tokenizer),
         engine_thread,
         config,
@@ -167,6 +178,9 @@ pub fn open(path: &Path) -> Result<GgufFile, LaunchError> {
 
 /// Loads only the tokenizer of a GGUF model (`tokenmill tokenizer-server`).
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer, LaunchError> {
+    if path.is_dir() {
+        return Ok(Tokenizer::from_hf_dir(path)?);
+    }
     Ok(Tokenizer::from_gguf(&open(path)?)?)
 }
 

@@ -342,13 +342,73 @@ impl Metrics {
             "Histogram of time spent in WAITING phase for request.",
             l,
         );
+        render_process_memory(&mut out, &read_proc_status());
         out
+    }
+}
+
+/// `/proc/self/status` (empty where there is none).
+fn read_proc_status() -> String {
+    std::fs::read_to_string("/proc/self/status").unwrap_or_default()
+}
+
+/// The process's memory, as Prometheus' standard process collector names it (what load
+/// testers such as `tokenmill bench --server-metrics` read), plus the peak resident size.
+/// Fields missing from `status` are left out.
+fn render_process_memory(out: &mut String, status: &str) {
+    let kib = |field: &str| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field)?.strip_prefix(':'))
+            .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    };
+    for (name, field, help) in [
+        (
+            "process_resident_memory_bytes",
+            "VmRSS",
+            "Resident memory size in bytes.",
+        ),
+        (
+            "process_virtual_memory_bytes",
+            "VmSize",
+            "Virtual memory size in bytes.",
+        ),
+        (
+            "tokenmill_process_peak_resident_memory_bytes",
+            "VmHWM",
+            "Peak resident memory size in bytes since start.",
+        ),
+    ] {
+        if let Some(v) = kib(field) {
+            header(out, name, help, "gauge");
+            let _ = writeln!(out, "{name} {}", v * 1024);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn process_memory_comes_from_proc_status_in_bytes() {
+        let status = "Name:\ttokenmill\nVmHWM:\t  20480 kB\nVmRSS:\t   10240 kB\n";
+        let mut out = String::new();
+        render_process_memory(&mut out, status);
+        assert!(
+            out.contains("\nprocess_resident_memory_bytes 10485760\n"),
+            "{out}"
+        );
+        assert!(out.contains("\ntokenmill_process_peak_resident_memory_bytes 20971520\n"));
+        assert!(
+            !out.contains("process_virtual_memory_bytes"),
+            "absent field rendered"
+        );
+        // This process really has them.
+        let mut real = String::new();
+        render_process_memory(&mut real, &read_proc_status());
+        assert!(real.contains("process_resident_memory_bytes "), "{real}");
+    }
 
     #[test]
     fn renders_vllm_names_with_model_label() {

@@ -58,7 +58,10 @@ where
                 if up.error.is_some() {
                     st.updates = None; // stop (aborts the other choices)
                 }
-                let frames = (st.on_update)(i, up);
+                let frames = {
+                    let _send = tokenmill_trace::scope("stream_send", "server");
+                    (st.on_update)(i, up)
+                };
                 return Some((frames, st));
             }
             st.updates = None;

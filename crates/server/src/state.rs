@@ -63,6 +63,8 @@ pub struct AppState {
     pub in_flight: Arc<AtomicUsize>,
     /// Unix seconds at startup (`created` of `/v1/models`).
     pub created: u64,
+    /// Where `/stop_profile` writes traces; `None`: the profile routes answer 404.
+    pub profile_dir: Option<std::path::PathBuf>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -88,7 +90,14 @@ impl AppState {
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
+            profile_dir: None,
         }
+    }
+
+    /// Enables `/start_profile` and `/stop_profile`, writing traces into `dir`.
+    pub fn with_profile_dir(mut self, dir: Option<std::path::PathBuf>) -> AppState {
+        self.profile_dir = dir;
+        self
     }
 
     pub fn model_name(&self) -> &str {

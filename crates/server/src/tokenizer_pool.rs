@@ -87,9 +87,12 @@ impl TokenizerPool {
                 .await
                 .map_err(|e| e.to_api(param));
         }
-        self.run(move |t| t.encode(&text, add_special_tokens))
-            .await?
-            .map_err(|e| ApiError::from_tokenizer(&e, param))
+        self.run(move |t| {
+            let _s = tokenmill_trace::scope("tokenize", "server");
+            t.encode(&text, add_special_tokens)
+        })
+        .await?
+        .map_err(|e| ApiError::from_tokenizer(&e, param))
     }
 
     /// Text of `ids`; errors name `param`.

@@ -3,7 +3,8 @@
 //! alone.
 
 use tokenmill_bench::inprocess::{random_workload, run_closed_loop};
-use tokenmill_bench::stats::Summary;
+use tokenmill_bench::runner::RunResult;
+use tokenmill_bench::stats::{Slo, Summary};
 use tokenmill_engine::{RequestParams, SamplingParams};
 
 use crate::engine_args::EngineArgs;
@@ -30,14 +31,17 @@ pub struct BenchEngineArgs {
     /// Percentiles to report.
     #[arg(long, value_delimiter = ',', default_value = "50,95,99")]
     pub percentiles: Vec<f64>,
+    /// SLOs for goodput: ttft:MS tpot:MS e2el:MS (as `tokenmill bench`).
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    /// Write every figure and per-request record here (the JSON of `tokenmill bench`).
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
     let (handle, path) = args.engine.start()?;
-    let vocab = tokenmill_gguf::GgufFile::open(&path)?
-        .tensor("token_embd.weight")
-        .and_then(|t| t.dims.get(1).copied())
-        .unwrap_or(32000) as usize;
+    let vocab = crate::model_path::tokenizer(&path)?.vocab_size();
     let work = random_workload(
         args.num_prompts,
         args.input_len,
@@ -51,12 +55,18 @@ pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
         ..RequestParams::default()
     };
     let (records, duration) = run_closed_loop(&handle, &work, args.concurrency, &params);
-    let summary = Summary::of(&records, duration, &args.percentiles);
+    let slo = Slo::parse(&args.goodput).map_err(anyhow::Error::msg)?;
+    let mut summary = Summary::with_slo(&records, duration, &args.percentiles, &slo);
+    summary.max_concurrency = Some(args.concurrency);
     let title = format!(
         "{:?} batching, concurrency {}",
         args.engine.batching, args.concurrency
     );
     println!("{}", summary.render(&title));
+    if let Some(path) = &args.json {
+        let result = RunResult { summary, records };
+        std::fs::write(path, serde_json::to_string_pretty(&result.to_json())?)?;
+    }
     let step = handle.stats();
     println!(
         "engine steps: {}  preemptions: {}  step time predicted vs measured: mean abs error {:.2} ms",

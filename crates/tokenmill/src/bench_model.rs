@@ -13,7 +13,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use tokenmill_gguf::GgufFile;
 use tokenmill_model::{
     KvCache, LlamaModel, LogitsWanted, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
 };
@@ -61,7 +60,7 @@ struct Outcome {
 pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     crate::init_threads(args.threads);
     let path = crate::model_path::resolve(args.model.clone())?;
-    let model = LlamaModel::load(GgufFile::open(&path)?)?;
+    let model = LlamaModel::open(&path)?;
     let cfg = model.config().clone();
     let weight_bytes = matmul_weight_bytes(&model);
     println!(
@@ -265,16 +264,5 @@ fn attn_flops(cfg: &ModelConfig, ctx: f64) -> f64 {
 
 /// Bytes of every matmul weight (what one forward step must stream from memory).
 fn matmul_weight_bytes(model: &LlamaModel) -> f64 {
-    let file = model.file();
-    let tied = file.tensor("output.weight").is_none();
-    let mut bytes: u64 = file
-        .tensors()
-        .iter()
-        .filter(|t| t.dims.len() == 2 && t.name != "token_embd.weight")
-        .map(|t| t.size)
-        .sum();
-    if tied {
-        bytes += file.tensor("token_embd.weight").map_or(0, |t| t.size);
-    }
-    bytes as f64
+    model.matmul_weight_bytes() as f64
 }

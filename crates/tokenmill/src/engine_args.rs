@@ -9,8 +9,7 @@ use tokenmill_engine::{
     Batching, EngineHandle, KvCacheMemory, KvLayout, ModelRunner, SchedulerConfig,
     SchedulingPolicy, SlaTargets, num_blocks_for_memory, system_memory_bytes,
 };
-use tokenmill_gguf::GgufFile;
-use tokenmill_model::LlamaModel;
+use tokenmill_model::Model;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchingArg {
@@ -62,20 +61,24 @@ impl EngineArgs {
     pub fn start(&self) -> anyhow::Result<(EngineHandle, PathBuf)> {
         crate::init_threads(self.threads);
         let path = crate::model_path::resolve(self.model.clone())?;
-        let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-        let model = LlamaModel::load(file)?;
+        let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
         let config = self.scheduler_config(&model)?;
-        let runner = ModelRunner::new(model, config.num_blocks, config.block_size);
+        let runner = ModelRunner::new(model, &config);
+        eprintln!(
+            "KV cache: {} blocks of {} tokens, {} bytes per token",
+            config.num_blocks,
+            config.block_size,
+            runner.kv_bytes_per_token()
+        );
         let (handle, _thread) = tokenmill_engine::start(runner, config)?;
         Ok((handle, path))
     }
 
-    pub fn scheduler_config(&self, model: &LlamaModel) -> anyhow::Result<SchedulerConfig> {
-        let cfg = model.config();
+    pub fn scheduler_config(&self, model: &Model) -> anyhow::Result<SchedulerConfig> {
         let memory: KvCacheMemory = self.kv_cache_memory.parse()?;
         let budget = memory.resolve(system_memory_bytes().unwrap_or(8 << 30));
         let num_blocks = num_blocks_for_memory(
-            &KvLayout::from_config(cfg),
+            &KvLayout::from_model(model),
             self.block_size.max(1),
             4,
             budget,
@@ -92,8 +95,8 @@ impl EngineArgs {
         };
         let max_model_len = self
             .max_model_len
-            .unwrap_or(cfg.context_length)
-            .min(cfg.context_length);
+            .unwrap_or(model.context_length())
+            .min(model.context_length());
         let config = SchedulerConfig {
             block_size: self.block_size,
             num_blocks,

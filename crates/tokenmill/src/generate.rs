@@ -10,9 +10,8 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tokenmill_engine::{Sampler, SamplingParams};
-use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
-use tokenmill_tokenizer::{ChatMessage, Tokenizer};
+use tokenmill_tokenizer::ChatMessage;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -56,12 +55,11 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     crate::init_threads(args.threads);
     let path = crate::model_path::resolve(args.model)?;
-    let file = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let tokenizer = Tokenizer::from_gguf(&file)?;
+    let tokenizer = crate::model_path::tokenizer(&path)?;
     for warning in tokenizer.warnings() {
         eprintln!("warning: {warning}");
     }
-    let model = LlamaModel::load(file)?;
+    let model = LlamaModel::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let cfg = model.config();
 
     let prompt_ids = if args.chat {

@@ -1,18 +1,19 @@
 //! The `tokenmill` command line: generate, tokenize, inspect.
 
+mod bench;
 mod bench_engine;
 mod bench_model;
 mod engine_args;
 mod generate;
 mod inspect;
 mod model_path;
+mod profile;
+mod quantize;
 mod serve;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
-use tokenmill_gguf::GgufFile;
-use tokenmill_tokenizer::Tokenizer;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,10 +42,16 @@ enum Command {
     },
     /// Measure raw model speed: prefill, single-stream and batched decode (like llama-bench).
     BenchModel(bench_model::BenchModelArgs),
+    /// Load-test an OpenAI-compatible server over HTTP, like `vllm bench serve`.
+    Bench(Box<bench::BenchArgs>),
     /// Load-test the engine in-process (no HTTP): throughput and TTFT/TPOT percentiles.
     BenchEngine(bench_engine::BenchEngineArgs),
+    /// Trace an in-process workload (Chrome/Perfetto JSON); `profile report TRACE` analyses one.
+    Profile(Box<profile::ProfileArgs>),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
+    /// Quantize an F32/F16/BF16 GGUF model into a quantized GGUF (llama.cpp-compatible).
+    Quantize(quantize::QuantizeArgs),
     /// Serve the model over an OpenAI/vLLM-compatible HTTP API (default 127.0.0.1:8080).
     Serve(Box<serve::ServeArgs>),
     /// Serve tokenize/detokenize/chat-render over gRPC (for `serve --tokenizer-endpoint`).
@@ -59,14 +66,17 @@ fn main() -> anyhow::Result<()> {
             no_special,
             text,
         } => {
-            let file = GgufFile::open(model_path::resolve(model)?)?;
-            let ids = Tokenizer::from_gguf(&file)?.encode(&text, !no_special)?;
+            let tokenizer = model_path::tokenizer(&model_path::resolve(model)?)?;
+            let ids = tokenizer.encode(&text, !no_special)?;
             println!("{}", serde_json::to_string(&ids)?);
             Ok(())
         }
         Command::BenchModel(args) => bench_model::run(args),
+        Command::Bench(args) => bench::run_cli(*args),
         Command::BenchEngine(args) => bench_engine::run(args),
+        Command::Profile(args) => profile::run(*args),
         Command::Inspect { path } => inspect::run(&path),
+        Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::TokenizerServer(args) => serve::run_tokenizer_server(args),
     }

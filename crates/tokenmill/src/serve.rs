@@ -60,6 +60,9 @@ pub struct ServeArgs {
     /// Tokenize via a `tokenmill tokenizer-server` at this URL (http://host:port).
     #[arg(long)]
     pub tokenizer_endpoint: Option<String>,
+    /// Enable `POST /start_profile` and `/stop_profile`, writing traces into this folder.
+    #[arg(long)]
+    pub profile_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args, Debug)]
@@ -191,12 +194,19 @@ async fn load_state(
         model = %model.display(),
         num_blocks = c.num_blocks,
         block_size = c.block_size,
+        kv_bytes_per_token = loaded.kv_bytes_per_token,
         max_model_len = c.max_model_len,
         max_num_seqs = c.max_num_seqs,
         api_key = config.api_key.is_some(),
         "loaded"
     );
-    Ok(Arc::new(AppState::new(config, loaded.engine, pool)))
+    if args.profile_dir.is_some()
+        && let Some(shape) = crate::profile::model_shape(&model)
+    {
+        tokenmill_trace::set_metadata("model_shape", serde_json::to_value(shape)?);
+    }
+    let state = AppState::new(config, loaded.engine, pool).with_profile_dir(args.profile_dir);
+    Ok(Arc::new(state))
 }
 
 pub fn run_tokenizer_server(args: TokenizerServerArgs) -> anyhow::Result<()> {

@@ -75,7 +75,9 @@ pub fn random_f32_row(rng: &mut SplitMix64, n: usize, scale: f32) -> Vec<f32> {
 /// values, so all scale, min and quant codes occur.
 pub fn random_weight_row(rng: &mut SplitMix64, ty: GgmlType, n: usize) -> Vec<u8> {
     let mut bytes = vec![0u8; ty.bytes_for(n as u64).expect("whole blocks") as usize];
-    if ty.has_ref_quantizer() {
+    // The k-quants stay random bytes even where a quantizer exists: every code occurs.
+    let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
+    if ty.has_ref_quantizer() && !k_quant {
         let x = random_f32_row(rng, n, 1.0);
         quantize_row(ty, &x, &mut bytes);
         return bytes;
@@ -107,7 +109,7 @@ pub fn random_weight_row(rng: &mut SplitMix64, ty: GgmlType, n: usize) -> Vec<u8
         GgmlType::Q6_K => cast_blocks_mut::<BlockQ6_K>(&mut bytes)
             .iter_mut()
             .for_each(|b| b.d = rng.f16_scale(lo, hi)),
-        _ => unreachable!("{ty} has a reference quantizer"),
+        _ => unreachable!("{ty} is not a k-quant"),
     }
     bytes
 }

@@ -144,13 +144,9 @@ impl GgmlType {
     }
 
     /// Whether [`crate::quant::quantize_row`] can produce this type: every type except the
-    /// k-quant weight formats Q2_K..Q6_K, whose iterative scale-search quantizers are not
-    /// ported.
+    /// k-quant weight formats Q2_K and Q3_K, whose quantizers are not ported.
     pub const fn has_ref_quantizer(self) -> bool {
-        !matches!(
-            self,
-            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-        )
+        !matches!(self, GgmlType::Q2_K | GgmlType::Q3_K)
     }
 
     /// Bytes taken by `n_elements` elements, or `None` if `n_elements` is not a whole number of

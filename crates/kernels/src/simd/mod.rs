@@ -1,6 +1,7 @@
 //! The kernel tiers behind [`crate::dispatch::Kernels`]: the portable scalar tier
 //! ([`scalar`], wrapping the reference twins of [`crate::quant::dot`]) and, on x86-64, the
-//! AVX2 / AVX-VNNI / AVX-512 VNNI tiers ([`x86`]).
+//! AVX2 / AVX-VNNI / AVX-512 VNNI tiers ([`x86`]). The float kernels of attention and the SiLU
+//! gate have their scalar twins in [`attn`].
 //!
 //! Every tier exports the same raw kernel shapes, [`DotTileFn`] and [`QuantizeFn`]; the
 //! dispatch table stores them as function pointers, chosen once by CPU feature detection. The
@@ -15,6 +16,7 @@
 //! * activation quants lie in `-127..=127` (the quantizers never produce -128), which the
 //!   `maddubs` sign trick relies on.
 
+pub mod attn;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -105,4 +107,13 @@ pub struct TierFns {
     pub quantize_q8_K: QuantizeFn,
     /// f32 dot product.
     pub dot_f32: DotF32Fn,
+    /// One attention tile step ([`attn::AttnTileFn`]), for head dims that are a multiple of
+    /// `attn_lanes`.
+    pub attn_tile: attn::AttnTileFn,
+    /// Merge of two partial attention states, same head dims.
+    pub attn_merge: attn::AttnMergeFn,
+    /// The f32 lanes of the attention kernels (1 for the scalar tier: any head dim).
+    pub attn_lanes: usize,
+    /// SiLU-gated product.
+    pub silu_mul: attn::SiluMulFn,
 }

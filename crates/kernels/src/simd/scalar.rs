@@ -182,5 +182,9 @@ pub fn fns() -> TierFns {
         quantize_q8_1,
         quantize_q8_K,
         dot_f32,
+        attn_tile: super::attn::attn_tile,
+        attn_merge: super::attn::attn_merge,
+        attn_lanes: 1,
+        silu_mul: super::attn::silu_mul,
     }
 }

@@ -9,7 +9,7 @@
 //! deltas, the finish reason with the last delta, the usage chunk if asked for, `[DONE]`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use axum::Json;
 use axum::extract::State;
@@ -18,13 +18,13 @@ use bytes::Bytes;
 use futures_util::stream::{self, StreamExt};
 use serde_json::{Map, Value, json};
 
-use super::common::{chat_logprobs, now_secs, response_id, usage};
+use super::common::{ChunkEnvelope, chat_logprobs, now_secs, response_id, usage};
 use crate::error::ApiError;
 use crate::generation::{self, GenerationRequest};
 use crate::json::{Fields, JsonBody};
 use crate::output::{StopReason, Update};
 use crate::sampling::{self, Api, resolve_max_tokens};
-use crate::sse::{drive, sse_done, sse_frame, sse_response};
+use crate::sse::{drive, sse_frame, sse_response};
 use crate::state::SharedState;
 
 /// Most messages in one conversation.
@@ -187,15 +187,18 @@ pub async fn chat_completions(
     let created = now_secs();
     if s.stream {
         let fmt = ChatChunks {
-            id,
-            model,
-            created,
+            env: ChunkEnvelope {
+                id,
+                object: "chat.completion.chunk",
+                created,
+                model,
+                include_usage: s.include_usage,
+                completion_tokens: Arc::new(AtomicUsize::new(0)),
+            },
             want_logprobs,
-            include_usage: s.include_usage,
-            completion_tokens: Arc::new(AtomicUsize::new(0)),
         };
         let roles: Vec<Bytes> = (0..running.len()).map(|i| fmt.role_frame(i)).collect();
-        let tail = fmt.tail(prompt_tokens);
+        let tail = fmt.env.tail(prompt_tokens);
         let body = drive(running.into_stream(), move |i, up| fmt.format(i, up), tail);
         return Ok(sse_response(stream::iter(roles).chain(body).boxed()));
     }
@@ -227,31 +230,13 @@ pub async fn chat_completions(
 }
 
 struct ChatChunks {
-    id: String,
-    model: String,
-    created: u64,
+    env: ChunkEnvelope,
     want_logprobs: bool,
-    include_usage: bool,
-    completion_tokens: Arc<AtomicUsize>,
 }
 
 impl ChatChunks {
-    fn chunk(&self, choices: Value) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
-
     fn role_frame(&self, i: usize) -> Bytes {
-        sse_frame(&self.chunk(json!([{
+        sse_frame(&self.env.chunk(json!([{
             "index": i,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": null,
@@ -263,8 +248,7 @@ impl ChatChunks {
         if let Some(e) = up.error {
             return vec![sse_frame(&e.body())];
         }
-        self.completion_tokens
-            .fetch_add(up.token_ids.len(), Ordering::Relaxed);
+        self.env.count_tokens(up.token_ids.len());
         if up.text.is_empty() && up.logprobs.is_empty() && up.finish.is_none() {
             return Vec::new();
         }
@@ -281,25 +265,7 @@ impl ChatChunks {
             "finish_reason": finish.map(|f| f.as_str()),
             "stop_reason": StopReason::to_json(&finish.and_then(|f| f.stop_reason.clone())),
         });
-        vec![sse_frame(&self.chunk(json!([choice])))]
-    }
-
-    fn tail(&self, prompt_tokens: usize) -> impl FnOnce() -> Vec<Bytes> + use<> {
-        let usage_chunk = self.include_usage.then(|| {
-            let mut v = self.chunk(json!([]));
-            v.as_object_mut().map(|o| o.remove("usage"));
-            v
-        });
-        let completion_tokens = self.completion_tokens.clone();
-        move || {
-            let mut frames = Vec::new();
-            if let Some(mut v) = usage_chunk {
-                v["usage"] = usage(prompt_tokens, completion_tokens.load(Ordering::Relaxed));
-                frames.push(sse_frame(&v));
-            }
-            frames.push(sse_done());
-            frames
-        }
+        vec![sse_frame(&self.env.chunk(json!([choice])))]
     }
 }
 

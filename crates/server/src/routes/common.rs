@@ -2,13 +2,17 @@
 //! usage, and the two logprob formats (completions' parallel arrays, chat's list).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
 use crate::json::as_i64;
 use crate::output::{Candidate, TokenLogprob};
+use crate::sse::{sse_done, sse_frame};
 use crate::state::AppState;
 
 /// Most prompts in one completions request.
@@ -168,6 +172,62 @@ pub fn chat_logprobs(entries: &[TokenLogprob]) -> Value {
         })
         .collect();
     json!({ "content": content })
+}
+
+/// What every streamed chunk of one response shares (OpenAI's chunk envelope), and the
+/// stream's closing frames.
+pub struct ChunkEnvelope {
+    pub id: String,
+    /// `chat.completion.chunk` or `text_completion`.
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    /// The client asked for a final usage chunk (`stream_options.include_usage`): content
+    /// chunks then carry `"usage": null`.
+    pub include_usage: bool,
+    /// Tokens streamed so far, for the usage chunk.
+    pub completion_tokens: Arc<AtomicUsize>,
+}
+
+impl ChunkEnvelope {
+    /// A chunk carrying `choices`.
+    pub fn chunk(&self, choices: Value) -> Value {
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// Counts `n` streamed tokens for the usage chunk.
+    pub fn count_tokens(&self, n: usize) {
+        self.completion_tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The closing frames: the usage chunk (if asked for) and `[DONE]`.
+    pub fn tail(&self, prompt_tokens: usize) -> impl FnOnce() -> Vec<Bytes> + use<> {
+        let usage_chunk = self.include_usage.then(|| {
+            let mut v = self.chunk(json!([]));
+            v.as_object_mut().map(|o| o.remove("usage"));
+            v
+        });
+        let completion_tokens = self.completion_tokens.clone();
+        move || {
+            let mut frames = Vec::new();
+            if let Some(mut v) = usage_chunk {
+                v["usage"] = usage(prompt_tokens, completion_tokens.load(Ordering::Relaxed));
+                frames.push(sse_frame(&v));
+            }
+            frames.push(sse_done());
+            frames
+        }
+    }
 }
 
 #[cfg(test)]

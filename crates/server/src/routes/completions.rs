@@ -7,7 +7,7 @@
 //! final chunk with no choices and the usage, then `[DONE]`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use axum::Json;
 use axum::extract::State;
@@ -15,14 +15,15 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::common::{
-    PromptInput, completion_logprobs, now_secs, parse_prompts, response_id, tokenize_prompts, usage,
+    ChunkEnvelope, PromptInput, completion_logprobs, now_secs, parse_prompts, response_id,
+    tokenize_prompts, usage,
 };
 use crate::error::ApiError;
 use crate::generation::{self, GenerationRequest};
 use crate::json::JsonBody;
 use crate::output::{StopReason, TokenLogprob, Update};
 use crate::sampling::{self, Api, resolve_max_tokens};
-use crate::sse::{drive, sse_done, sse_frame, sse_response};
+use crate::sse::{drive, sse_frame, sse_response};
 use crate::state::SharedState;
 
 /// What `echo` prepends to one prompt's choices.
@@ -86,18 +87,21 @@ pub async fn completions(
     let created = now_secs();
     if s.stream {
         let mut fmt = ChunkFormatter {
-            id,
-            model,
-            created,
+            env: ChunkEnvelope {
+                id,
+                object: "text_completion",
+                created,
+                model,
+                include_usage: s.include_usage,
+                completion_tokens: Arc::new(AtomicUsize::new(0)),
+            },
             n,
             echoes,
             want_logprobs,
-            include_usage: s.include_usage,
             echo_sent: vec![false; running.len()],
             offsets: vec![0; running.len()],
-            completion_tokens: Arc::new(AtomicUsize::new(0)),
         };
-        let tail = fmt.tail(prompt_tokens);
+        let tail = fmt.env.tail(prompt_tokens);
         let body = drive(running.into_stream(), move |i, up| fmt.format(i, up), tail);
         return Ok(sse_response(body));
     }
@@ -171,40 +175,21 @@ async fn echo_info(
 
 /// Formats streaming chunks; one per request.
 struct ChunkFormatter {
-    id: String,
-    model: String,
-    created: u64,
+    env: ChunkEnvelope,
     n: usize,
     echoes: Vec<Echo>,
     want_logprobs: bool,
-    include_usage: bool,
     echo_sent: Vec<bool>,
     /// Text offset (characters) per choice, for `text_offset`.
     offsets: Vec<usize>,
-    completion_tokens: Arc<AtomicUsize>,
 }
 
 impl ChunkFormatter {
-    fn chunk(&self, choices: Value) -> Value {
-        let mut v = json!({
-            "id": self.id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "choices": choices,
-        });
-        if self.include_usage {
-            v["usage"] = Value::Null;
-        }
-        v
-    }
-
     fn format(&mut self, i: usize, up: Update) -> Vec<bytes::Bytes> {
         if let Some(e) = up.error {
             return vec![sse_frame(&e.body())];
         }
-        self.completion_tokens
-            .fetch_add(up.token_ids.len(), Ordering::Relaxed);
+        self.env.count_tokens(up.token_ids.len());
         let mut text = String::new();
         let mut entries = Vec::new();
         if let Some(e) = self.echoes.get(i / self.n)
@@ -231,25 +216,6 @@ impl ChunkFormatter {
             "finish_reason": finish.map(|f| f.as_str()),
             "stop_reason": StopReason::to_json(&finish.and_then(|f| f.stop_reason.clone())),
         });
-        vec![sse_frame(&self.chunk(json!([choice])))]
-    }
-
-    /// The closing frames: the usage chunk (if asked for) and `[DONE]`.
-    fn tail(&self, prompt_tokens: usize) -> impl FnOnce() -> Vec<bytes::Bytes> + use<> {
-        let usage_chunk = self.include_usage.then(|| {
-            let mut v = self.chunk(json!([]));
-            v.as_object_mut().map(|o| o.remove("usage"));
-            v
-        });
-        let completion_tokens = self.completion_tokens.clone();
-        move || {
-            let mut frames = Vec::new();
-            if let Some(mut v) = usage_chunk {
-                v["usage"] = usage(prompt_tokens, completion_tokens.load(Ordering::Relaxed));
-                frames.push(sse_frame(&v));
-            }
-            frames.push(sse_done());
-            frames
-        }
+        vec![sse_frame(&self.env.chunk(json!([choice])))]
     }
 }

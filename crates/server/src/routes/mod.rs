@@ -5,4 +5,5 @@ pub mod common;
 pub mod completions;
 pub mod generate;
 pub mod info;
+pub mod profile;
 pub mod tokenize;

@@ -7,8 +7,10 @@
 //! * [`q32`]: the same weight formats against ggml's Q8_0/Q8_1, and the block decoders both
 //!   share;
 //! * [`kquants`]: Q4_K/Q5_K/Q6_K against Q8_K, bit-identical to the reference;
+//! * [`int4`]: AWQ/GPTQ int4 rows (unpacked nibbles, f32 FMA) against f32 activations;
 //! * [`quantize`]: Q8_0/Q8_1 activation quantizers (byte-identical to the reference) and the
 //!   f32 dot;
+//! * [`attn`]: attention tiles, merge and the SiLU gate over f32 vectors (AVX2 or AVX-512);
 //! * [`tiers`]: the `#[target_feature]` entry points and per-tier [`crate::simd::TierFns`].
 //!
 //! The AVX-512 tier runs the same 256-bit kernels with EVEX `vpdpwssd` / `vpdpbusd` (512-bit
@@ -16,7 +18,9 @@
 //! with AVX-512 VNNI but no AVX-VNNI (Ice Lake / Cascade Lake servers).
 
 pub mod a16;
+pub mod attn;
 pub mod common;
+pub mod int4;
 pub mod kquants;
 pub mod q32;
 pub mod quantize;

@@ -8,14 +8,18 @@
 //! features is what makes the intrinsics compile for that tier; the entry points are only ever
 //! called through a [`TierFns`] that `dispatch` hands out after checking the CPU.
 
+use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, kquants, q32, quantize};
+use super::{a16, attn, kquants, q32, quantize};
 use crate::quant::GgmlType;
+use crate::simd::attn::AttnTile;
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
-/// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum`.
+/// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
+/// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
+/// rows per block).
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $f32s:ty, $kv:literal, $rows:literal) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -112,6 +116,37 @@ macro_rules! tier {
                 unsafe { quantize::dot_f32(a, b) }
             }
 
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn attn_tile(t: &AttnTile) {
+                unsafe { attn::tile::<$f32s, $kv, $rows>(t) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::AttnMergeFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn attn_merge(
+                dst_m: &mut f32,
+                dst_l: &mut f32,
+                dst_acc: &mut [f32],
+                m: f32,
+                l: f32,
+                acc: &[f32],
+            ) {
+                unsafe { attn::merge::<$f32s>(dst_m, dst_l, dst_acc, m, l, acc) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::SiluMulFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+                unsafe { attn::silu_mul::<$f32s>(gate, up, out) }
+            }
+
             /// This tier's table: its SIMD kernels, the scalar tier for the rest.
             pub fn fns() -> TierFns {
                 let mut t = scalar::fns();
@@ -136,16 +171,23 @@ macro_rules! tier {
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
                 t.dot_f32 = dot_f32;
+                t.attn_tile = attn_tile;
+                t.attn_merge = attn_merge;
+                t.attn_lanes = <$f32s as F32s>::N;
+                t.silu_mul = silu_mul;
                 t
             }
         }
     };
 }
 
-tier!(avx2, "avx2,fma,f16c", Maddubs);
-tier!(avx_vnni, "avx2,fma,f16c,avxvnni", AvxVnni);
+tier!(avx2, "avx2,fma,f16c", Maddubs, F32x8, 2, 1);
+tier!(avx_vnni, "avx2,fma,f16c,avxvnni", AvxVnni, F32x8, 2, 1);
 tier!(
     avx512_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    Avx512Vnni
+    Avx512Vnni,
+    F32x16,
+    1,
+    4
 );

@@ -1,0 +1,162 @@
+//! `tokenmill-bench` against the real tokenmill server on the real default model: a short
+//! closed-loop run (6 prompts, 16 in / 8 out, concurrency 2) completes with no failure and
+//! exact lengths, its JSON parses back, and the plots are real PNG/SVG files. A text-prompt
+//! run on `/v1/chat/completions` completes too. The server runs in-process on an ephemeral
+//! loopback port, as in `crates/server/tests`.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use tokenmill_bench::arrival::Arrival;
+use tokenmill_bench::client::{Endpoint, RequestOptions, Target, served_model};
+use tokenmill_bench::dataset::{PromptFormat, RandomSpec, random_prompts};
+use tokenmill_bench::memory::MemorySource;
+use tokenmill_bench::plot::sweep_plots;
+use tokenmill_bench::report::{Sla, best_under_sla};
+use tokenmill_bench::runner::{RunSpec, run};
+use tokenmill_bench::stats::Slo;
+use tokenmill_engine::KvCacheMemory;
+use tokenmill_server::{AppState, EngineOptions, ServerConfig, TokenizerPool};
+use tokenmill_tokenizer::Tokenizer;
+
+const MODEL: &str = "smollm2-bench";
+
+/// Starts the server on a runtime of its own; returns its base URL and a shutdown sender.
+fn start_server() -> (String, tokio::sync::oneshot::Sender<()>) {
+    let opts = EngineOptions {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 256,
+        max_model_len: Some(512),
+        kv_cache_memory: KvCacheMemory::Bytes(64 << 20),
+        ..EngineOptions::new(tokenmill_testutil::model_path())
+    };
+    let config = ServerConfig {
+        served_model_names: vec![MODEL.into()],
+        model_path: tokenmill_testutil::model_path().display().to_string(),
+        ..ServerConfig::default()
+    };
+    let loaded = tokenmill_server::load(&opts).expect("loading the model");
+    let pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
+    let state = Arc::new(AppState::new(config, loaded.engine, pool));
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            let stop = async {
+                let _ = rx.await;
+            };
+            tokenmill_server::serve(listener, state, stop)
+                .await
+                .unwrap();
+        });
+    });
+    (format!("http://{}", addr_rx.recv().unwrap()), tx)
+}
+
+fn spec(concurrency: usize) -> RunSpec {
+    RunSpec {
+        arrival: Arrival::Closed { concurrency },
+        options: RequestOptions::default(),
+        percentiles: vec![50.0, 95.0, 99.0],
+        slo: Slo::parse(&["ttft:600000".into()]).unwrap(),
+        memory: MemorySource {
+            pid: Some(std::process::id()),
+            metrics_url: None,
+        },
+        seed: 1,
+        progress: false,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_runs_against_tokenmill_serve() {
+    let (base, stop) = start_server();
+    let tok = Tokenizer::from_gguf_path(tokenmill_testutil::model_path()).unwrap();
+    let client = reqwest::Client::new();
+    let model = served_model(&client, &base, None).await.unwrap();
+    assert_eq!(model, MODEL);
+    let mut target = Target {
+        base_url: base.clone(),
+        endpoint: Endpoint::Completions,
+        api_key: None,
+        model,
+    };
+    let rs = RandomSpec {
+        num_prompts: 7,
+        input_len: 16,
+        output_len: 8,
+        range_ratio: 0.0,
+        prefix_len: 0,
+        seed: 3,
+    };
+    let mut prompts = random_prompts(&rs, &tok, PromptFormat::Tokens).unwrap();
+    let warm = prompts.split_off(6);
+    let r = run(&client, &target, &warm, &prompts, &spec(2))
+        .await
+        .unwrap();
+    let s = &r.summary;
+    assert_eq!((s.completed, s.failed), (6, 0), "{:?}", r.records);
+    assert_eq!(s.output_tokens, 6 * 8);
+    assert_eq!(s.input_tokens, 6 * 16);
+    assert_eq!(s.good_requests, Some(6));
+    assert!(r.records.iter().all(|r| r.token_times.len() == 8));
+    assert!(s.memory.peak_bytes().is_some());
+
+    let dir = tempfile::tempdir().unwrap();
+    let json_path = dir.path().join("run.json");
+    std::fs::write(&json_path, serde_json::to_string(&r.to_json()).unwrap()).unwrap();
+    let back: Value = serde_json::from_str(&std::fs::read_to_string(&json_path).unwrap()).unwrap();
+    assert_eq!(back["completed"], 6.0);
+    assert_eq!(back["requests"].as_array().unwrap().len(), 6);
+    assert!(back["p95_ttft_ms"].as_f64().unwrap() > 0.0);
+
+    // Chat endpoint with text prompts built by the tokenizer.
+    target.endpoint = Endpoint::ChatCompletions;
+    let rs = RandomSpec {
+        num_prompts: 2,
+        ..rs
+    };
+    let text = random_prompts(&rs, &tok, PromptFormat::Text).unwrap();
+    let chat = run(&client, &target, &[], &text, &spec(2)).await.unwrap();
+    assert_eq!(
+        (chat.summary.completed, chat.summary.failed),
+        (2, 0),
+        "{:?}",
+        chat.records
+    );
+    assert_eq!(chat.summary.output_tokens, 2 * 8);
+
+    // Plots of a two-point "sweep" made of these runs.
+    let sla = Sla {
+        ttft_ms: Some(600_000.0),
+        tpot_ms: None,
+    };
+    let files = sweep_plots(
+        dir.path(),
+        "concurrency",
+        &[2.0, 2.0],
+        &[r.clone(), chat],
+        &sla,
+    )
+    .unwrap();
+    assert_eq!(files.len(), 8);
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap();
+        match f.extension().and_then(|e| e.to_str()) {
+            Some("png") => assert_eq!(&bytes[..4], b"\x89PNG"),
+            _ => assert!(bytes.starts_with(b"<svg") && bytes.len() > 1000),
+        }
+    }
+    assert_eq!(
+        best_under_sla(std::slice::from_ref(&r.summary), &sla),
+        Some(0)
+    );
+    let _ = stop.send(());
+}

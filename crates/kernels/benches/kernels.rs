@@ -1,0 +1,239 @@
+//! Criterion benchmarks of every kernel family, on the default model's shapes
+//! (SmolLM2-135M: hidden 576, FFN 1536, 9 heads / 3 KV heads of 64, Q4_1 layers, a Q8_0
+//! vocabulary projection) and for every weight type the real models use:
+//!
+//! ```text
+//! cargo bench -p tokenmill-kernels --bench kernels              # everything
+//! cargo bench -p tokenmill-kernels --bench kernels -- matmul/   # one group
+//! ```
+//!
+//! - `matmul/{tier}/{type}/{tokens}`: one 1536×576 matmul per SIMD tier this CPU supports and
+//!   the scalar tier, for 1 token (GEMV, decode) and 64 tokens (tiled GEMM, prefill/batch),
+//!   on one thread so tiers compare like for like; throughput in weight elements.
+//! - `matmul_pool/...`: the same on the global pool (all cores), the product's real path.
+//! - `fused/...`: residual add + RMSNorm, SwiGLU gate/up matmul, Q/K/V as one matmul.
+//! - `attention/...`: decode (1 query per sequence, 1 and 32 sequences) and a 512-token
+//!   prefill over the paged layout.
+//!
+//! Benchmarks, not tests: on a shared machine compare interleaved runs, not lone numbers.
+
+use std::hint::black_box;
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tokenmill_kernels::attention::{
+    AttnScratch, AttnSeq, AttnShape, KvLayout, PagedKv, attention_with,
+};
+use tokenmill_kernels::dispatch::{Kernels, Tier, kernels};
+use tokenmill_kernels::glu::matmul_silu_mul_with;
+use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
+use tokenmill_kernels::ops::add_rms_norm;
+use tokenmill_kernels::pool::{ThreadPool, global};
+use tokenmill_kernels::quant::GgmlType;
+use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
+
+const HIDDEN: usize = 576;
+const FFN: usize = 1536;
+const TYPES: [GgmlType; 7] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F32,
+];
+
+/// A random `rows × cols` matrix of `ty` (cols a multiple of 256 for the k-quants).
+fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| random_weight_row(rng, ty, cols))
+        .collect()
+}
+
+fn matrix(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> QMatrix<'_> {
+    QMatrix {
+        ty,
+        rows,
+        cols,
+        data,
+    }
+}
+
+fn bench_matmul(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(7);
+    let one = ThreadPool::new(1);
+    // K-quant rows are 256-element super-blocks: 1536 columns fit every type.
+    let (rows, cols) = (HIDDEN, FFN);
+    for tier in Tier::supported() {
+        let kern = Kernels::new(tier).expect("supported tier");
+        let mut g = c.benchmark_group(format!("matmul/{}", tier.name()));
+        for ty in TYPES {
+            let w = weights(&mut rng, ty, rows, cols);
+            let m = matrix(ty, rows, cols, &w);
+            for tokens in [1usize, 64] {
+                let x = random_f32_row(&mut rng, tokens * cols, 1.0);
+                let mut out = vec![0f32; tokens * rows];
+                g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+                g.bench_function(BenchmarkId::new(ty.to_string(), tokens), |b| {
+                    b.iter(|| matmul_with(&one, &kern, black_box(&x), &m, &mut out))
+                });
+            }
+        }
+        g.finish();
+    }
+    let mut g = c.benchmark_group("matmul_pool");
+    for (ty, rows, cols) in [
+        (GgmlType::Q4_1, FFN, HIDDEN),
+        (GgmlType::Q4_1, HIDDEN, FFN),
+        (GgmlType::Q8_0, 49152, HIDDEN),
+    ] {
+        let w = weights(&mut rng, ty, rows, cols);
+        let m = matrix(ty, rows, cols, &w);
+        for tokens in [1usize, 32, 512] {
+            let x = random_f32_row(&mut rng, tokens * cols, 1.0);
+            let mut out = vec![0f32; tokens * rows];
+            g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+            let id = format!("{ty}_{rows}x{cols}");
+            g.bench_function(BenchmarkId::new(id, tokens), |b| {
+                b.iter(|| matmul_with(global(), kernels(), black_box(&x), &m, &mut out))
+            });
+        }
+    }
+    g.finish();
+}
+
+fn bench_fused(c: &mut Criterion) {
+    let mut rng = SplitMix64::new(11);
+    let mut g = c.benchmark_group("fused");
+    for tokens in [1usize, 64] {
+        let mut x = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
+        let y = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
+        let norm = random_f32_row(&mut rng, HIDDEN, 1.0);
+        let mut out = vec![0f32; tokens * HIDDEN];
+        g.throughput(Throughput::Elements((tokens * HIDDEN) as u64));
+        g.bench_function(BenchmarkId::new("add_rms_norm", tokens), |b| {
+            b.iter(|| {
+                for (xr, (yr, or)) in x
+                    .chunks_mut(HIDDEN)
+                    .zip(y.chunks(HIDDEN).zip(out.chunks_mut(HIDDEN)))
+                {
+                    add_rms_norm(xr, black_box(yr), &norm, 1e-5, or);
+                }
+            })
+        });
+
+        let ty = GgmlType::Q4_1;
+        let (wg, wu) = (
+            weights(&mut rng, ty, FFN, HIDDEN),
+            weights(&mut rng, ty, FFN, HIDDEN),
+        );
+        let (gate, up) = (matrix(ty, FFN, HIDDEN, &wg), matrix(ty, FFN, HIDDEN, &wu));
+        let xin = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
+        let mut h = vec![0f32; tokens * FFN];
+        g.throughput(Throughput::Elements((2 * FFN * HIDDEN * tokens) as u64));
+        g.bench_function(BenchmarkId::new("gate_up_silu_q4_1", tokens), |b| {
+            b.iter(|| {
+                matmul_silu_mul_with(global(), kernels(), black_box(&xin), &gate, &up, &mut h)
+            })
+        });
+
+        let (wq, wk, wv) = (
+            weights(&mut rng, ty, HIDDEN, HIDDEN),
+            weights(&mut rng, ty, 192, HIDDEN),
+            weights(&mut rng, ty, 192, HIDDEN),
+        );
+        let qkv = [
+            matrix(ty, HIDDEN, HIDDEN, &wq),
+            matrix(ty, 192, HIDDEN, &wk),
+            matrix(ty, 192, HIDDEN, &wv),
+        ];
+        let mut o = vec![0f32; tokens * (HIDDEN + 384)];
+        g.throughput(Throughput::Elements(
+            ((HIDDEN + 384) * HIDDEN * tokens) as u64,
+        ));
+        g.bench_function(BenchmarkId::new("qkv_q4_1", tokens), |b| {
+            b.iter(|| matmul_multi_with(global(), kernels(), black_box(&xin), &qkv, &mut o))
+        });
+    }
+    g.finish();
+}
+
+/// One attention case: `b` sequences of `ctx` positions, the last `n_q` of them queries.
+fn bench_attention_case(
+    c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    b: usize,
+    ctx: usize,
+    n_q: usize,
+) {
+    let shape = AttnShape {
+        n_heads: 9,
+        n_kv_heads: 3,
+        head_dim: 64,
+        scale: 0.125,
+    };
+    let layout = KvLayout {
+        block_size: 16,
+        n_kv_heads: 3,
+        head_dim: 64,
+    };
+    let per_seq = ctx.div_ceil(layout.block_size);
+    let len = b * per_seq * layout.block_len();
+    let mut rng = SplitMix64::new(13);
+    let (kbuf, vbuf) = (
+        random_f32_row(&mut rng, len, 0.5),
+        random_f32_row(&mut rng, len, 0.5),
+    );
+    let kv = PagedKv {
+        k: &kbuf,
+        v: &vbuf,
+        layout,
+    };
+    // Interleaved block tables, as sequences that grew side by side get them.
+    let tables: Vec<Vec<u32>> = (0..b)
+        .map(|s| (0..per_seq).map(|i| (i * b + s) as u32).collect())
+        .collect();
+    let seqs: Vec<AttnSeq> = tables
+        .iter()
+        .map(|t| AttnSeq {
+            n_q,
+            start_pos: ctx - n_q,
+            block_table: t,
+        })
+        .collect();
+    let q_dim = shape.q_dim();
+    let q = random_f32_row(&mut rng, b * n_q * q_dim, 1.0);
+    let mut out = vec![0f32; b * n_q * q_dim];
+    let mut scratch = AttnScratch::new(&shape, b);
+    // Score + value multiply-adds per head: queries × visible keys (causal) × 2 · head dim.
+    let visible: usize = (0..n_q).map(|i| ctx - n_q + i + 1).sum();
+    c.throughput(Throughput::Elements(
+        (b * visible * shape.n_heads * 2 * 64) as u64,
+    ));
+    c.bench_function(name, |bch| {
+        bch.iter(|| {
+            attention_with(
+                global(),
+                kernels(),
+                black_box(&q),
+                q_dim,
+                &kv,
+                seqs.as_slice(),
+                &shape,
+                &mut scratch,
+                &mut out,
+            )
+        })
+    });
+}
+
+fn bench_attention(c: &mut Criterion) {
+    let mut g = c.benchmark_group("attention");
+    bench_attention_case(&mut g, "decode_b1_ctx1024", 1, 1024, 1);
+    bench_attention_case(&mut g, "decode_b32_ctx192", 32, 192, 1);
+    bench_attention_case(&mut g, "prefill_512", 1, 512, 512);
+    g.finish();
+}
+
+criterion_group!(benches, bench_matmul, bench_fused, bench_attention);
+criterion_main!(benches);

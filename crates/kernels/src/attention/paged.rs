@@ -1,0 +1,326 @@
+//! The paged K/V layout of one layer, and the fused RoPE + cache write.
+//!
+//! The cache is a pool of blocks of `block_size` token slots; a sequence's `block_table`
+//! lists its blocks in order, so position `p` lives in block `block_table[p / block_size]`,
+//! slot `p % block_size`. Within a block, each KV head owns one contiguous run:
+//!
+//! ```text
+//! K: [num_blocks, n_kv_heads, head_dim, block_size]   keys transposed: lane = slot
+//! V: [num_blocks, n_kv_heads, block_size, head_dim]   one value row per slot
+//! ```
+//!
+//! so a tile of [`KEY_TILE`] consecutive keys of one head is, when `block_size` is a multiple
+//! of `KEY_TILE` (the engine's 16, say), `head_dim` rows of 16 contiguous floats of K and 16
+//! contiguous value rows of V: the attention kernels read it in place, with no gather and no
+//! transposition. Other block sizes (the tiny tests use 4) are gathered into a scratch tile.
+//!
+//! Invariants: a tile never reads past its block (`slot0 + KEY_TILE <= block_size` in the
+//! direct case); lanes of a tile past the sequence's last position may hold anything — the
+//! kernels never let them reach a result.
+
+use crate::ops::{RopeStyle, rope_pair};
+use crate::simd::attn::KEY_TILE;
+
+/// The geometry of a paged K/V store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub block_size: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Values per token in K (and in V): `n_kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Floats of one block of K (and of V).
+    pub fn block_len(&self) -> usize {
+        self.block_size * self.kv_dim()
+    }
+
+    /// Index in K of element `d` of head `head` at `slot` of `block`.
+    #[inline]
+    fn k_at(&self, block: usize, head: usize, d: usize, slot: usize) -> usize {
+        ((block * self.n_kv_heads + head) * self.head_dim + d) * self.block_size + slot
+    }
+
+    /// Index in V of the value row of head `head` at `slot` of `block`.
+    #[inline]
+    fn v_at(&self, block: usize, head: usize, slot: usize) -> usize {
+        ((block * self.n_kv_heads + head) * self.block_size + slot) * self.head_dim
+    }
+
+    /// (block, slot) of position `pos` under `block_table`.
+    #[inline]
+    fn locate(&self, block_table: &[u32], pos: usize) -> (usize, usize) {
+        (
+            block_table[pos / self.block_size] as usize,
+            pos % self.block_size,
+        )
+    }
+}
+
+/// Read view of one layer's paged K/V (see the module docs for the layout).
+#[derive(Clone, Copy, Debug)]
+pub struct PagedKv<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub layout: KvLayout,
+}
+
+/// Write view of one layer's paged K/V.
+#[derive(Debug)]
+pub struct PagedKvMut<'a> {
+    pub k: &'a mut [f32],
+    pub v: &'a mut [f32],
+    pub layout: KvLayout,
+}
+
+/// RoPE of one token for [`PagedKvMut::write`]: `cos_sin` as [`crate::ops::rope_cos_sin`]
+/// makes it (`[cos_0, sin_0, cos_1, sin_1, ...]`, one pair per rotated pair of dims).
+#[derive(Clone, Copy, Debug)]
+pub struct RopeAt<'a> {
+    pub cos_sin: &'a [f32],
+    pub style: RopeStyle,
+}
+
+impl PagedKv<'_> {
+    /// Blocks in the store.
+    pub fn num_blocks(&self) -> usize {
+        self.k.len() / self.layout.block_len().max(1)
+    }
+
+    /// K of head `head` at position `pos`, into `out` (`head_dim`); for tests and debugging.
+    pub fn read_k(&self, block_table: &[u32], pos: usize, head: usize, out: &mut [f32]) {
+        let (block, slot) = self.layout.locate(block_table, pos);
+        for (d, o) in out.iter_mut().enumerate() {
+            *o = self.k[self.layout.k_at(block, head, d, slot)];
+        }
+    }
+
+    /// V of head `head` at position `pos` (`head_dim` values); for tests and references.
+    pub fn read_v(&self, block_table: &[u32], pos: usize, head: usize) -> &[f32] {
+        let (block, slot) = self.layout.locate(block_table, pos);
+        let at = self.layout.v_at(block, head, slot);
+        &self.v[at..at + self.layout.head_dim]
+    }
+
+    /// Where the kernels read keys `tile * KEY_TILE ..` (the first `n_valid` of them) of head
+    /// `head`: in place when blocks hold whole tiles, else gathered into `buf`
+    /// (`2 * KEY_TILE * head_dim` floats, borrowed by the returned pointers).
+    ///
+    /// The caller has checked that the block table covers the tile's valid keys and that
+    /// every block id is in the store.
+    #[inline]
+    pub(crate) fn tile(
+        &self,
+        block_table: &[u32],
+        head: usize,
+        tile: usize,
+        n_valid: usize,
+        buf: &mut [f32],
+    ) -> TileSrc {
+        let lay = &self.layout;
+        let (hd, pos0) = (lay.head_dim, tile * KEY_TILE);
+        if lay.block_size.is_multiple_of(KEY_TILE) {
+            let (block, slot0) = lay.locate(block_table, pos0);
+            let (k0, v0) = (
+                lay.k_at(block, head, 0, slot0),
+                lay.v_at(block, head, slot0),
+            );
+            // The whole transposed tile and its values lie inside the block.
+            assert!(
+                k0 + (hd - 1) * lay.block_size + KEY_TILE <= self.k.len()
+                    && v0 + KEY_TILE * hd <= self.v.len()
+            );
+            return TileSrc {
+                kt: self.k[k0..].as_ptr(),
+                kt_stride: lay.block_size,
+                v: self.v[v0..].as_ptr(),
+                v_stride: hd,
+            };
+        }
+        let (kt, v) = buf[..2 * KEY_TILE * hd].split_at_mut(KEY_TILE * hd);
+        kt.fill(0.0);
+        for j in 0..n_valid {
+            let (block, slot) = lay.locate(block_table, pos0 + j);
+            for d in 0..hd {
+                kt[d * KEY_TILE + j] = self.k[lay.k_at(block, head, d, slot)];
+            }
+            let at = lay.v_at(block, head, slot);
+            v[j * hd..(j + 1) * hd].copy_from_slice(&self.v[at..at + hd]);
+        }
+        TileSrc {
+            kt: kt.as_ptr(),
+            kt_stride: KEY_TILE,
+            v: v.as_ptr(),
+            v_stride: hd,
+        }
+    }
+}
+
+impl PagedKv<'_> {
+    /// Asks the CPU to start loading keys and values `tile * KEY_TILE ..` of head `head` into
+    /// cache (a hint: no effect on results, nothing if the tile is not read in place or lies
+    /// past the table). Decode attention streams each sequence's K/V from memory once per
+    /// step in 4 KiB tiles of scattered blocks, which the hardware prefetchers do not follow
+    /// across blocks; prefetching the next tile while the current one is computed overlaps
+    /// the two.
+    #[inline]
+    pub(crate) fn prefetch_tile(&self, block_table: &[u32], head: usize, tile: usize) {
+        let lay = &self.layout;
+        let pos0 = tile * KEY_TILE;
+        if !lay.block_size.is_multiple_of(KEY_TILE) || pos0 >= block_table.len() * lay.block_size {
+            return;
+        }
+        let (block, slot0) = lay.locate(block_table, pos0);
+        let (k0, v0) = (
+            lay.k_at(block, head, 0, slot0),
+            lay.v_at(block, head, slot0),
+        );
+        let hd = lay.head_dim;
+        if k0 + (hd - 1) * lay.block_size + KEY_TILE > self.k.len()
+            || v0 + KEY_TILE * hd > self.v.len()
+        {
+            return;
+        }
+        // One 64-byte line per key row of K (16 lanes), and the value rows' lines.
+        for d in 0..hd {
+            prefetch(self.k[k0 + d * lay.block_size..].as_ptr());
+        }
+        for off in (0..KEY_TILE * hd).step_by(16) {
+            prefetch(self.v[v0 + off..].as_ptr());
+        }
+    }
+}
+
+/// A prefetch hint for the cache line holding `p` (no architectural effect).
+#[inline(always)]
+fn prefetch(p: *const f32) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and does not change memory; `p` points into a slice.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// The read pointers of one tile, as [`crate::simd::attn::AttnTile`] takes them.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TileSrc {
+    pub kt: *const f32,
+    pub kt_stride: usize,
+    pub v: *const f32,
+    pub v_stride: usize,
+}
+
+impl PagedKvMut<'_> {
+    /// The read view.
+    pub fn as_ref(&self) -> PagedKv<'_> {
+        PagedKv {
+            k: self.k,
+            v: self.v,
+            layout: self.layout,
+        }
+    }
+
+    /// Stores one token's K and V (`kv_dim` each, head-major as a matmul produces them) at
+    /// position `pos` of the sequence whose blocks are `block_table`, rotating K by `rope` on
+    /// the way (RoFormer, <https://arxiv.org/abs/2104.09864>): one pass over K, and the same
+    /// arithmetic as [`crate::ops::rope`].
+    ///
+    /// Panics if the table does not cover `pos` or a length does not match.
+    pub fn write(
+        &mut self,
+        block_table: &[u32],
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+        rope: Option<RopeAt<'_>>,
+    ) {
+        let lay = self.layout;
+        let hd = lay.head_dim;
+        assert!(k.len() == lay.kv_dim() && v.len() == lay.kv_dim());
+        let (block, slot) = lay.locate(block_table, pos);
+        assert!((block + 1) * lay.block_len() <= self.k.len().min(self.v.len()));
+        let half = rope.map_or(0, |r| r.cos_sin.len() / 2);
+        for h in 0..lay.n_kv_heads {
+            let kh = &k[h * hd..(h + 1) * hd];
+            let at = lay.v_at(block, h, slot);
+            self.v[at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            match rope {
+                Some(r) => {
+                    let rot = 2 * half;
+                    for i in 0..half {
+                        let (cos, sin) = (r.cos_sin[2 * i], r.cos_sin[2 * i + 1]);
+                        let (a, b) = rope_pair(i, rot, r.style);
+                        let (x0, x1) = (kh[a], kh[b]);
+                        self.k[lay.k_at(block, h, a, slot)] = x0 * cos - x1 * sin;
+                        self.k[lay.k_at(block, h, b, slot)] = x0 * sin + x1 * cos;
+                    }
+                    for (d, &x) in kh.iter().enumerate().skip(rot) {
+                        self.k[lay.k_at(block, h, d, slot)] = x;
+                    }
+                }
+                None => {
+                    for (d, &x) in kh.iter().enumerate() {
+                        self.k[lay.k_at(block, h, d, slot)] = x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::{rope, rope_cos_sin};
+
+    #[test]
+    fn write_then_read_matches_rope_in_place() {
+        let lay = KvLayout {
+            block_size: 4,
+            n_kv_heads: 2,
+            head_dim: 6,
+        };
+        let (mut k, mut v) = (
+            vec![0f32; 3 * lay.block_len()],
+            vec![0f32; 3 * lay.block_len()],
+        );
+        let mut kv = PagedKvMut {
+            k: &mut k,
+            v: &mut v,
+            layout: lay,
+        };
+        let table = [2u32, 0, 1];
+        let inv_freq = [1.0, 0.1];
+        for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+            for pos in [0, 3, 5, 9] {
+                let kt: Vec<f32> = (0..12).map(|i| (i * 7 % 5) as f32 - pos as f32).collect();
+                let vt: Vec<f32> = (0..12).map(|i| i as f32 + pos as f32).collect();
+                let mut cs = [0f32; 4];
+                rope_cos_sin(pos, &inv_freq, &mut cs);
+                let rope_at = RopeAt {
+                    cos_sin: &cs,
+                    style,
+                };
+                kv.write(&table, pos, &kt, &vt, Some(rope_at));
+                let mut want = kt.clone();
+                rope(&mut want, 6, pos, &inv_freq, style);
+                let r = kv.as_ref();
+                let mut got = [0f32; 6];
+                for h in 0..2 {
+                    r.read_k(&table, pos, h, &mut got);
+                    assert_eq!(got[..], want[h * 6..(h + 1) * 6]);
+                    let (block, slot) = lay.locate(&table, pos);
+                    let at = lay.v_at(block, h, slot);
+                    assert_eq!(r.v[at..at + 6], vt[h * 6..(h + 1) * 6]);
+                }
+            }
+        }
+    }
+}

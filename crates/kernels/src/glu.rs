@@ -1,0 +1,186 @@
+//! SwiGLU's first half in one pass: `out = silu(x · gateᵀ) ⊙ (x · upᵀ)` (Shazeer, "GLU
+//! Variants Improve Transformer", <https://arxiv.org/abs/2002.05202>).
+//!
+//! Fused path (gate and up quantized, same activation format — every real model): the
+//! activations are quantized once ([`crate::matmul`]'s buffer); each task owns a range of the
+//! `ffn_hidden` outputs and, per tile of rows and group of up to [`MAX_ROWS`] tokens, computes
+//! the gate tile and the up tile into a small stack buffer with the tier's dot kernels, then
+//! writes `silu(g) · u` straight into `out`. The `[T, 2 · ffn_hidden]` gate/up intermediate
+//! never reaches memory, and each weight tile is read while its partner is still in cache.
+//!
+//! Otherwise (float weights, mixed formats) it falls back to two [`matmul`](crate::matmul::matmul)s into a
+//! thread-local buffer and one [`Kernels::silu_mul`]. Both paths are bit-identical to the
+//! unfused composition: the same dot per output, then the same vector SiLU per element.
+
+use std::cell::RefCell;
+
+use crate::dispatch::{Kernels, kernels};
+use crate::matmul::{QMatrix, matmul_with, with_quantized};
+use crate::pool::{SyncPtr, ThreadPool, global};
+use crate::simd::MAX_ROWS;
+
+/// Most rows of a fused tile (the stack buffers hold `MAX_ROWS × TILE_ROWS` outputs each).
+const TILE_ROWS: usize = 64;
+/// Target bytes of gate + up weight rows per tile (fits L1 alongside the activations).
+const TILE_BYTES: usize = 16 * 1024;
+/// Row chunks per thread, as in `matmul`.
+const CHUNKS_PER_THREAD: usize = 8;
+
+thread_local! {
+    /// Gate and up outputs of the fallback path, `[2, n_tokens, n]`.
+    static GATE_UP: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out[t][n] = silu(Σ_k x[t][k] · gate[n][k]) · Σ_k x[t][k] · up[n][k]`, on the global pool
+/// and kernels. `out` is `[n_tokens, gate.rows]`.
+///
+/// Panics if the matrices differ in shape or a length does not fit.
+pub fn matmul_silu_mul(x: &[f32], gate: &QMatrix<'_>, up: &QMatrix<'_>, out: &mut [f32]) {
+    matmul_silu_mul_with(global(), kernels(), x, gate, up, out);
+}
+
+/// [`matmul_silu_mul`] on an explicit pool and kernel table.
+pub fn matmul_silu_mul_with(
+    pool: &ThreadPool,
+    kernels: &Kernels,
+    x: &[f32],
+    gate: &QMatrix<'_>,
+    up: &QMatrix<'_>,
+    out: &mut [f32],
+) {
+    let (n, k) = (gate.rows, gate.cols);
+    assert!(up.rows == n && up.cols == k, "gate and up shapes differ");
+    let n_tokens = x.len().checked_div(k).unwrap_or(0);
+    assert_eq!(out.len(), n_tokens * n, "out is not [{n_tokens}, {n}]");
+    let kern = (kernels.matmul_kernel(gate.ty), kernels.matmul_kernel(up.ty));
+    let (Some(kg), Some(ku)) = kern else {
+        return unfused(pool, kernels, x, gate, up, out);
+    };
+    if kg.act != ku.act || k == 0 || n_tokens == 0 {
+        return unfused(pool, kernels, x, gate, up, out);
+    }
+    assert_eq!(x.len(), n_tokens * k, "x is not whole rows of {k}");
+    assert!(k.is_multiple_of(kg.block_size));
+    assert!(gate.data.len() >= n * gate.row_bytes() && up.data.len() >= n * up.row_bytes());
+    let (gb, ub) = (gate.row_bytes(), up.row_bytes());
+    let threads = pool.num_threads();
+    let chunk = if threads <= 1 {
+        n
+    } else {
+        n.div_ceil(threads * CHUNKS_PER_THREAD).max(16)
+    };
+    let tile = (TILE_BYTES / (gb + ub).max(1)).clamp(1, TILE_ROWS);
+    let nb = k / kg.block_size;
+    let out_ptr = SyncPtr(out.as_mut_ptr());
+    with_quantized(pool, &kg, x, k, |act, a_row| {
+        pool.parallel_for(n.div_ceil(chunk), |task| {
+            let r0 = task * chunk;
+            let r1 = n.min(r0 + chunk);
+            let mut g = [[0f32; TILE_ROWS]; MAX_ROWS];
+            let mut u = [[0f32; TILE_ROWS]; MAX_ROWS];
+            let mut tile0 = r0;
+            while tile0 < r1 {
+                let tile1 = r1.min(tile0 + tile);
+                let nt = tile1 - tile0;
+                let wg = &gate.data[tile0 * gb..tile1 * gb];
+                let wu = &up.data[tile0 * ub..tile1 * ub];
+                for t0 in (0..n_tokens).step_by(MAX_ROWS) {
+                    let na = MAX_ROWS.min(n_tokens - t0);
+                    let a = &act[t0 * a_row..];
+                    kg.dot_tile_into(nb, wg, nt, a, a_row, na, g.as_flattened_mut(), TILE_ROWS);
+                    ku.dot_tile_into(nb, wu, nt, a, a_row, na, u.as_flattened_mut(), TILE_ROWS);
+                    for j in 0..na {
+                        // SAFETY: out[(t0 + j) * n + tile0 ..][..nt] lies inside `out`
+                        // ([n_tokens, n]) in columns r0..r1, which belong to this task alone;
+                        // `out` stays mutably borrowed for the whole call.
+                        let o = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out_ptr.get().add((t0 + j) * n + tile0),
+                                nt,
+                            )
+                        };
+                        kernels.silu_mul(&g[j][..nt], &u[j][..nt], o);
+                    }
+                }
+                tile0 = tile1;
+            }
+        });
+    });
+}
+
+/// Two matmuls and one SiLU pass (float or mixed-format weights).
+fn unfused(
+    pool: &ThreadPool,
+    kernels: &Kernels,
+    x: &[f32],
+    gate: &QMatrix<'_>,
+    up: &QMatrix<'_>,
+    out: &mut [f32],
+) {
+    let len = out.len();
+    GATE_UP.with_borrow_mut(|buf| {
+        if buf.len() < 2 * len {
+            buf.resize(2 * len, 0.0);
+        }
+        let (g, u) = buf[..2 * len].split_at_mut(len);
+        matmul_with(pool, kernels, x, gate, g);
+        matmul_with(pool, kernels, x, up, u);
+        kernels.silu_mul(g, u, out);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dispatch::Tier;
+    use crate::quant::GgmlType;
+    use crate::quant::testing::{SplitMix64, random_weight_row};
+
+    fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+        (0..rows)
+            .flat_map(|_| random_weight_row(rng, ty, cols))
+            .collect()
+    }
+
+    /// Fused equals `silu_mul(matmul(gate), matmul(up))` bit for bit, every tier, odd shapes.
+    #[test]
+    fn fused_matches_unfused_composition() {
+        let mut rng = SplitMix64::new(5);
+        let pool = ThreadPool::new(3);
+        for ty in [
+            GgmlType::Q4_1,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::F32,
+        ] {
+            let k = if ty.block_size() == 256 { 512 } else { 96 };
+            for (n_tok, n) in [(1, 7), (3, 100), (9, 257)] {
+                let (wg, wu) = (weights(&mut rng, ty, n, k), weights(&mut rng, ty, n, k));
+                let gate = QMatrix {
+                    ty,
+                    rows: n,
+                    cols: k,
+                    data: &wg,
+                };
+                let up = QMatrix {
+                    ty,
+                    rows: n,
+                    cols: k,
+                    data: &wu,
+                };
+                let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                for tier in Tier::supported() {
+                    let kern = Kernels::new(tier).unwrap();
+                    let mut fused = vec![f32::NAN; n_tok * n];
+                    matmul_silu_mul_with(&pool, &kern, &x, &gate, &up, &mut fused);
+                    let (mut g, mut u) = (vec![0f32; n_tok * n], vec![0f32; n_tok * n]);
+                    matmul_with(&pool, &kern, &x, &gate, &mut g);
+                    matmul_with(&pool, &kern, &x, &up, &mut u);
+                    let mut want = vec![0f32; n_tok * n];
+                    kern.silu_mul(&g, &u, &mut want);
+                    assert!(fused == want, "{ty} {tier} {n_tok}x{n}");
+                }
+            }
+        }
+    }
+}

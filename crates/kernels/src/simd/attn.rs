@@ -1,0 +1,183 @@
+//! The raw kernels of attention and the SiLU gate, and their scalar tier (the reference twins
+//! the SIMD tiers of [`super::x86::attn`] are tested against).
+//!
+//! One [`AttnTileFn`] call is one step of the online softmax (FlashAttention,
+//! <https://arxiv.org/abs/2205.14135>, Algorithm 1, inner loop) for `n_rows` query rows
+//! against one tile of up to [`KEY_TILE`] keys; [`AttnMergeFn`] folds two partial states
+//! `(m, l, acc)` into one (Flash-Decoding's combine,
+//! <https://crfm.stanford.edu/2023/10/12/flashdecoding.html>). Scores are kept in base 2: the
+//! caller pre-multiplies the queries by `scale · log2(e)`, so `p = 2^(s - m)`.
+//!
+//! **The canonical order.** Every tier defines, for one query row, one exact sequence of f32
+//! operations, which depends only on that row's own query, keys, values and key count:
+//! * a score is four partial dot products, chain `c` summing `d` in
+//!   `[c·hd/4, (c+1)·hd/4)` in increasing order, then `(c0 + c1) + (c2 + c3)` (so `head_dim`
+//!   is a multiple of 4, and the query is stored chain-interleaved: element `c·hd/4 + i` at
+//!   `4·i + c`, so the four chains' query elements sit side by side);
+//! * lanes at or past the row's `n_valid` are masked to `-inf` (their keys are never read by
+//!   the value update), `m' = max(m, max of the tile)`, `corr = 2^(m - m')`,
+//!   `p = 2^(s - m')`, `l' = l·corr + Σ p` (the tier's fixed lane-sum tree), where `2^x` is
+//!   flushed to 0 below `2^-64` ([`EXP2_FLUSH`]: no denormals);
+//! * `acc` is scaled by `corr` unless `corr == 1`, then `acc += p_j · v_j` for
+//!   `j = 0..n_valid` in order;
+//! * merge: `M = max(m1, m2)`, `a = 2^(m1 - M)`, `b = 2^(m2 - M)`, `L = l1·a + l2·b`,
+//!   `acc = acc1·a + acc2·b` (one fused multiply-add in the SIMD tiers).
+//!
+//! So a row's result never depends on which other rows share a call, how rows are blocked
+//! inside the kernel, or which thread runs it — the property that lets the prefill and
+//! decode paths of [`crate::attention`] agree bit for bit.
+
+/// Keys per attention tile: one AVX-512 register (two AVX2 registers) of scores.
+pub const KEY_TILE: usize = 16;
+
+/// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`].
+#[derive(Clone, Copy, Debug)]
+pub struct AttnTile {
+    pub head_dim: usize,
+    pub n_rows: usize,
+    /// Queries `[n_rows, head_dim]`, pre-multiplied by `scale · log2(e)`, each row
+    /// chain-interleaved (element `c · head_dim / 4 + i` at `4 · i + c`).
+    pub q: *const f32,
+    /// Keys, transposed: element `d` of key `j` at `kt[d * kt_stride + j]`, `j < KEY_TILE`
+    /// (all `KEY_TILE` lanes readable; lanes at or past a row's `n_valid` are ignored).
+    pub kt: *const f32,
+    pub kt_stride: usize,
+    /// Values: value `j` at `v[j * v_stride..][..head_dim]`, for `j` below the largest
+    /// `n_valid`.
+    pub v: *const f32,
+    pub v_stride: usize,
+    /// Keys of the tile visible to each row, `[n_rows]`, each in `1..=KEY_TILE`.
+    pub n_valid: *const u32,
+    /// Running state per row: max `m` and sum `l` `[n_rows]`, accumulator `[n_rows, head_dim]`.
+    pub m: *mut f32,
+    pub l: *mut f32,
+    pub acc: *mut f32,
+}
+
+/// Runs one [`AttnTile`] step.
+///
+/// # Safety
+///
+/// Every pointer of the tile valid as documented there, the state not accessed by anyone else
+/// during the call, `head_dim` supported by the tier (a multiple of its lane count), and the
+/// CPU supports the tier's features.
+pub type AttnTileFn = unsafe fn(t: &AttnTile);
+
+/// Folds the partial state `src` into `dst` (see the module docs); `acc`s are `head_dim`
+/// long.
+///
+/// # Safety
+///
+/// `dst_acc.len() == src_acc.len()`, a length the tier supports, and the CPU supports the
+/// tier's features.
+pub type AttnMergeFn =
+    unsafe fn(dst_m: &mut f32, dst_l: &mut f32, dst_acc: &mut [f32], m: f32, l: f32, acc: &[f32]);
+
+/// `out = silu(gate) · up = gate / (1 + e^-gate) · up`, element-wise.
+///
+/// # Safety
+///
+/// All three slices have the same length, and the CPU supports the tier's features.
+pub type SiluMulFn = unsafe fn(gate: &[f32], up: &[f32], out: &mut [f32]);
+
+/// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add).
+///
+/// # Safety
+///
+/// As [`AttnTileFn`] (any `head_dim` that is a multiple of 4).
+pub unsafe fn attn_tile(t: &AttnTile) {
+    let hd = t.head_dim;
+    let quarter = hd / 4;
+    for r in 0..t.n_rows {
+        // SAFETY: the caller guarantees the tile's pointers (module docs of `AttnTile`).
+        unsafe {
+            let q = std::slice::from_raw_parts(t.q.add(r * hd), hd);
+            let n_valid = *t.n_valid.add(r) as usize;
+            let mut s = [f32::NEG_INFINITY; KEY_TILE];
+            for (j, s) in s.iter_mut().enumerate().take(n_valid) {
+                let mut c = [0f32; 4];
+                for (ci, c) in c.iter_mut().enumerate() {
+                    for i in 0..quarter {
+                        let d = ci * quarter + i;
+                        *c += q[4 * i + ci] * *t.kt.add(d * t.kt_stride + j);
+                    }
+                }
+                *s = (c[0] + c[1]) + (c[2] + c[3]);
+            }
+            let tmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let m = &mut *t.m.add(r);
+            let l = &mut *t.l.add(r);
+            let m_new = m.max(tmax);
+            let corr = exp2(*m - m_new);
+            let mut p = [0f32; KEY_TILE];
+            let mut sum = 0f32;
+            for (p, &s) in p.iter_mut().zip(&s) {
+                *p = exp2(s - m_new);
+                sum += *p;
+            }
+            *l = *l * corr + sum;
+            *m = m_new;
+            let acc = std::slice::from_raw_parts_mut(t.acc.add(r * hd), hd);
+            if corr != 1.0 {
+                for a in acc.iter_mut() {
+                    *a *= corr;
+                }
+            }
+            for (j, &pj) in p.iter().enumerate().take(n_valid) {
+                let v = std::slice::from_raw_parts(t.v.add(j * t.v_stride), hd);
+                for (a, &vd) in acc.iter_mut().zip(v) {
+                    *a += pj * vd;
+                }
+            }
+        }
+    }
+}
+
+/// Below `2^EXP2_FLUSH`, [`exp2`] (every tier's) is exactly 0.
+///
+/// A guard against denormals: real attention is peaked (an "attention sink" scores far above
+/// most keys), and with weights down to `2^-126`, `p · v` or `acc · corr` could fall into
+/// f32's denormal range, where each FMA takes a microcode assist on x86. A weight below
+/// `2^-64` of the running maximum changes no f32 result over any realistic context
+/// (`2^-64 · 10^6 ≈ 5e-14` relative). (No measurable effect on the default model, whose
+/// weights rarely get that small; it bounds the worst case.)
+pub const EXP2_FLUSH: f32 = -64.0;
+
+/// `2^x`, flushed to zero below [`EXP2_FLUSH`] (so `2^-inf == 0`), as every tier.
+#[inline]
+pub fn exp2(x: f32) -> f32 {
+    if x < EXP2_FLUSH { 0.0 } else { x.exp2() }
+}
+
+/// Scalar tier of [`AttnMergeFn`].
+///
+/// # Safety
+///
+/// None beyond equal `acc` lengths.
+pub unsafe fn attn_merge(
+    dst_m: &mut f32,
+    dst_l: &mut f32,
+    dst_acc: &mut [f32],
+    m: f32,
+    l: f32,
+    acc: &[f32],
+) {
+    let mx = dst_m.max(m);
+    let (a, b) = (exp2(*dst_m - mx), exp2(m - mx));
+    *dst_l = *dst_l * a + l * b;
+    *dst_m = mx;
+    for (d, &s) in dst_acc.iter_mut().zip(acc) {
+        *d = *d * a + s * b;
+    }
+}
+
+/// Scalar tier of [`SiluMulFn`]: the reference formula.
+///
+/// # Safety
+///
+/// None beyond equal lengths.
+pub unsafe fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + (-g).exp()) * u;
+    }
+}

@@ -1,0 +1,481 @@
+//! AVX2 and AVX-512 attention tiles, merge and SiLU gate: the SIMD twins of
+//! [`crate::simd::attn`], generic over an f32 vector type ([`F32s`]: eight lanes of `__m256`
+//! or sixteen of `__m512`) and instantiated by the tier entry points of [`super::tiers`].
+//!
+//! Layout of one tile step ([`tile`]), for a block of up to `R` query rows at a time (four
+//! on AVX-512, one on AVX2, whose sixteen registers one row's chains already fill):
+//! * **scores**: the [`KEY_TILE`] keys of the tile are `KV` vectors wide (`KV · N == 16`);
+//!   per row, four accumulator chains (one per quarter of `head_dim`) of `KV` vectors each,
+//!   fed by broadcasting one query element against one transposed key row — no horizontal
+//!   sums, and `4 · R · KV` independent FMA chains (8 to 16) to hide FMA latency;
+//! * **softmax**: mask lanes past `n_valid` to `-inf`, tile max, [`F32s::exp2`] (a degree-6
+//!   polynomial after range reduction, evaluated by Estrin's scheme to shorten the dependency
+//!   chain, flushed to zero below `2^-64` — see [`EXP2_FLUSH`]), lane sum;
+//! * **values**: blocks of up to four `head_dim` vectors per row held in registers while the
+//!   tile's value rows stream by, one FMA per (key, vector); rows of a block share each loaded
+//!   value vector.
+//!
+//! Each row's operations are exactly those of the canonical order of [`crate::simd::attn`]
+//! (with FMAs where the scalar tier multiplies then adds), whatever `R` and however rows are
+//! grouped; `head_dim` must be a multiple of `N` (the dispatch table falls back to the scalar
+//! tier otherwise).
+//!
+//! As everywhere in `x86`, these bodies are `#[inline(always)]` without target features and
+//! use no closures; they are compiled only inside the `#[target_feature]` entry points.
+
+use std::arch::x86_64::*;
+
+use crate::simd::attn::{AttnTile, EXP2_FLUSH, KEY_TILE};
+
+/// An f32 SIMD vector, as much of it as the attention kernels need.
+pub trait F32s: Copy {
+    /// Lanes.
+    const N: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn div(a: Self, b: Self) -> Self;
+    unsafe fn max(a: Self, b: Self) -> Self;
+    /// `a · b + c`, one rounding.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `2^x` per lane, 0 below [`EXP2_FLUSH`], saturating at `2^127`.
+    unsafe fn exp2(self) -> Self;
+    unsafe fn hsum(self) -> f32;
+    unsafe fn hmax(self) -> f32;
+    /// Lane 0.
+    unsafe fn first(self) -> f32;
+    /// Lanes `i` with `first + i >= n` replaced by `-inf`.
+    unsafe fn mask_from(self, first: usize, n: usize) -> Self;
+}
+
+// 2^f = Σ (f ln2)^k / k! on [-0.5, 0.5]: relative error below 1.2e-7 at degree 6.
+const EXP2_C: [f32; 6] = [
+    std::f32::consts::LN_2,
+    0.240_226_5,
+    0.055_504_11,
+    0.009_618_129,
+    0.001_333_355_8,
+    0.000_154_035_3,
+];
+
+/// Eight lanes (AVX2 + FMA).
+#[derive(Clone, Copy)]
+pub struct F32x8(__m256);
+
+impl F32s for F32x8 {
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { F32x8(_mm256_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        unsafe { F32x8(_mm256_set1_ps(x)) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { F32x8(_mm256_loadu_ps(p)) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm256_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        unsafe { F32x8(_mm256_add_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        unsafe { F32x8(_mm256_sub_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        unsafe { F32x8(_mm256_mul_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: Self, b: Self) -> Self {
+        unsafe { F32x8(_mm256_div_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        unsafe { F32x8(_mm256_max_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe { F32x8(_mm256_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn exp2(self) -> Self {
+        unsafe {
+            let x = _mm256_min_ps(
+                _mm256_max_ps(self.0, _mm256_set1_ps(EXP2_FLUSH)),
+                _mm256_set1_ps(127.0),
+            );
+            let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let f = _mm256_sub_ps(x, n);
+            // Estrin: 1 + c0 f + f²(c1 + c2 f) + f⁴(c3 + c4 f + c5 f²), depth 4.
+            let f2 = _mm256_mul_ps(f, f);
+            let f4 = _mm256_mul_ps(f2, f2);
+            let a = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_C[0]), f, _mm256_set1_ps(1.0));
+            let b = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_C[2]), f, _mm256_set1_ps(EXP2_C[1]));
+            let c = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_C[4]), f, _mm256_set1_ps(EXP2_C[3]));
+            let c = _mm256_fmadd_ps(_mm256_set1_ps(EXP2_C[5]), f2, c);
+            let p = _mm256_fmadd_ps(f4, c, _mm256_fmadd_ps(f2, b, a));
+            let e = _mm256_slli_epi32::<23>(_mm256_cvtps_epi32(n));
+            let r = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+            let tiny = _mm256_cmp_ps::<_CMP_LT_OQ>(self.0, _mm256_set1_ps(EXP2_FLUSH));
+            F32x8(_mm256_blendv_ps(r, _mm256_setzero_ps(), tiny))
+        }
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        unsafe { super::common::hsum_ps(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        unsafe {
+            let v = self.0;
+            let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_max_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+    }
+    #[inline(always)]
+    unsafe fn first(self) -> f32 {
+        unsafe { _mm256_cvtss_f32(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn mask_from(self, first: usize, n: usize) -> Self {
+        unsafe {
+            let valid = n.saturating_sub(first).min(8) as f32;
+            let iota = _mm256_setr_ps(0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0);
+            let keep = _mm256_cmp_ps::<_CMP_LT_OQ>(iota, _mm256_set1_ps(valid));
+            F32x8(_mm256_blendv_ps(
+                _mm256_set1_ps(f32::NEG_INFINITY),
+                self.0,
+                keep,
+            ))
+        }
+    }
+}
+
+/// Sixteen lanes (AVX-512 F).
+#[derive(Clone, Copy)]
+pub struct F32x16(__m512);
+
+impl F32s for F32x16 {
+    const N: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { F32x16(_mm512_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        unsafe { F32x16(_mm512_set1_ps(x)) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { F32x16(_mm512_loadu_ps(p)) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm512_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        unsafe { F32x16(_mm512_add_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        unsafe { F32x16(_mm512_sub_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        unsafe { F32x16(_mm512_mul_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn div(a: Self, b: Self) -> Self {
+        unsafe { F32x16(_mm512_div_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn max(a: Self, b: Self) -> Self {
+        unsafe { F32x16(_mm512_max_ps(a.0, b.0)) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        unsafe { F32x16(_mm512_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn exp2(self) -> Self {
+        unsafe {
+            let x = _mm512_min_ps(
+                _mm512_max_ps(self.0, _mm512_set1_ps(EXP2_FLUSH)),
+                _mm512_set1_ps(127.0),
+            );
+            let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
+            let f = _mm512_sub_ps(x, n);
+            // Estrin: 1 + c0 f + f²(c1 + c2 f) + f⁴(c3 + c4 f + c5 f²), depth 4.
+            let f2 = _mm512_mul_ps(f, f);
+            let f4 = _mm512_mul_ps(f2, f2);
+            let a = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C[0]), f, _mm512_set1_ps(1.0));
+            let b = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C[2]), f, _mm512_set1_ps(EXP2_C[1]));
+            let c = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C[4]), f, _mm512_set1_ps(EXP2_C[3]));
+            let c = _mm512_fmadd_ps(_mm512_set1_ps(EXP2_C[5]), f2, c);
+            let p = _mm512_fmadd_ps(f4, c, _mm512_fmadd_ps(f2, b, a));
+            let r = _mm512_scalef_ps(p, n);
+            let tiny = _mm512_cmp_ps_mask::<_CMP_LT_OQ>(self.0, _mm512_set1_ps(EXP2_FLUSH));
+            F32x16(_mm512_mask_blend_ps(tiny, r, _mm512_setzero_ps()))
+        }
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        unsafe { _mm512_reduce_add_ps(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn hmax(self) -> f32 {
+        unsafe { _mm512_reduce_max_ps(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn first(self) -> f32 {
+        unsafe { _mm512_cvtss_f32(self.0) }
+    }
+    #[inline(always)]
+    unsafe fn mask_from(self, first: usize, n: usize) -> Self {
+        unsafe {
+            let valid = n.saturating_sub(first).min(16);
+            let keep = ((1u32 << valid) - 1) as __mmask16;
+            F32x16(_mm512_mask_blend_ps(
+                keep,
+                _mm512_set1_ps(f32::NEG_INFINITY),
+                self.0,
+            ))
+        }
+    }
+}
+
+/// One [`AttnTile`] step: rows in blocks of up to `R` (at most 4), keys `KV` vectors wide
+/// (`KV · S::N` must be [`KEY_TILE`]). Larger blocks share each key and value load among more
+/// rows and, above all, overlap the rows' softmax dependency chains (max, `exp2`, sums: the
+/// latency that bounds a decode tile step).
+///
+/// # Safety
+///
+/// As [`crate::simd::attn::AttnTileFn`]; `head_dim` a multiple of `S::N`.
+#[inline(always)]
+pub unsafe fn tile<S: F32s, const KV: usize, const R: usize>(t: &AttnTile) {
+    debug_assert_eq!(KV * S::N, KEY_TILE);
+    debug_assert_eq!(t.head_dim % S::N, 0);
+    let mut r = 0;
+    while r < t.n_rows {
+        let n = (t.n_rows - r).min(R);
+        unsafe {
+            match n {
+                1 => rows::<S, KV, 1>(t, r),
+                2 => rows::<S, KV, 2>(t, r),
+                3 => rows::<S, KV, 3>(t, r),
+                _ => rows::<S, KV, 4>(t, r),
+            }
+        }
+        r += n.min(4);
+    }
+}
+
+/// Rows `r0..r0 + R` of a tile step.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn rows<S: F32s, const KV: usize, const R: usize>(t: &AttnTile, r0: usize) {
+    let hd = t.head_dim;
+    let quarter = hd / 4;
+    unsafe {
+        // Scores: four chains per row over the quarters of head_dim.
+        let mut c = [[[S::zero(); KV]; 4]; R];
+        for i in 0..quarter {
+            for ch in 0..4 {
+                let d = ch * quarter + i;
+                let kp = t.kt.add(d * t.kt_stride);
+                let mut kv = [S::zero(); KV];
+                for (k, kv) in kv.iter_mut().enumerate() {
+                    *kv = S::load(kp.add(k * S::N));
+                }
+                for (rr, c) in c.iter_mut().enumerate() {
+                    let q = S::splat(*t.q.add((r0 + rr) * hd + 4 * i + ch));
+                    for k in 0..KV {
+                        c[ch][k] = S::fma(q, kv[k], c[ch][k]);
+                    }
+                }
+            }
+        }
+        // Online softmax per row.
+        let mut p = [[0f32; KEY_TILE]; R];
+        let mut corr = [1f32; R];
+        let mut n_valid = [0usize; R];
+        for rr in 0..R {
+            let row = r0 + rr;
+            let nv = *t.n_valid.add(row) as usize;
+            n_valid[rr] = nv;
+            let mut s = [S::zero(); KV];
+            for (k, s) in s.iter_mut().enumerate() {
+                let cc = &c[rr];
+                *s = S::add(S::add(cc[0][k], cc[1][k]), S::add(cc[2][k], cc[3][k]))
+                    .mask_from(k * S::N, nv);
+            }
+            let mut mx = s[0];
+            for s in &s[1..] {
+                mx = S::max(mx, *s);
+            }
+            let m_old = *t.m.add(row);
+            let m_new = m_old.max(mx.hmax());
+            corr[rr] = S::splat(m_old - m_new).exp2().first();
+            let mn = S::splat(m_new);
+            let mut sum = S::zero();
+            for (k, s) in s.iter().enumerate() {
+                let pk = S::sub(*s, mn).exp2();
+                pk.store(p[rr].as_mut_ptr().add(k * S::N));
+                sum = if k == 0 { pk } else { S::add(sum, pk) };
+            }
+            *t.l.add(row) = *t.l.add(row) * corr[rr] + sum.hsum();
+            *t.m.add(row) = m_new;
+        }
+        // Values, in blocks of four vectors of head_dim.
+        let common = n_valid.iter().copied().min().unwrap_or(0);
+        let nvec = hd / S::N;
+        let mut b = 0;
+        while b + 4 <= nvec {
+            pv_block::<S, R, 4>(t, r0, b, &p, &corr, &n_valid, common);
+            b += 4;
+        }
+        while b < nvec {
+            pv_block::<S, R, 1>(t, r0, b, &p, &corr, &n_valid, common);
+            b += 1;
+        }
+    }
+}
+
+/// `acc = acc · corr + Σ_j p_j v_j` for vectors `b..b + DB` of `head_dim`, rows `r0..r0 + R`.
+// Index loops over the register arrays: fully unrolled, and no closures (module docs).
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn pv_block<S: F32s, const R: usize, const DB: usize>(
+    t: &AttnTile,
+    r0: usize,
+    b: usize,
+    p: &[[f32; KEY_TILE]; R],
+    corr: &[f32; R],
+    n_valid: &[usize; R],
+    common: usize,
+) {
+    let hd = t.head_dim;
+    unsafe {
+        let mut a = [[S::zero(); DB]; R];
+        for rr in 0..R {
+            let ap = t.acc.add((r0 + rr) * hd + b * S::N);
+            for (x, a) in a[rr].iter_mut().enumerate() {
+                *a = S::load(ap.add(x * S::N));
+                if corr[rr] != 1.0 {
+                    *a = S::mul(*a, S::splat(corr[rr]));
+                }
+            }
+        }
+        for j in 0..common {
+            let vp = t.v.add(j * t.v_stride + b * S::N);
+            let mut v = [S::zero(); DB];
+            for (x, v) in v.iter_mut().enumerate() {
+                *v = S::load(vp.add(x * S::N));
+            }
+            for rr in 0..R {
+                let pj = S::splat(p[rr][j]);
+                for x in 0..DB {
+                    a[rr][x] = S::fma(pj, v[x], a[rr][x]);
+                }
+            }
+        }
+        for rr in 0..R {
+            for j in common..n_valid[rr] {
+                let vp = t.v.add(j * t.v_stride + b * S::N);
+                let pj = S::splat(p[rr][j]);
+                for x in 0..DB {
+                    a[rr][x] = S::fma(pj, S::load(vp.add(x * S::N)), a[rr][x]);
+                }
+            }
+            let ap = t.acc.add((r0 + rr) * hd + b * S::N);
+            for (x, a) in a[rr].iter().enumerate() {
+                a.store(ap.add(x * S::N));
+            }
+        }
+    }
+}
+
+/// The merge of [`crate::simd::attn::AttnMergeFn`].
+///
+/// # Safety
+///
+/// Equal `acc` lengths, a multiple of `S::N`.
+#[inline(always)]
+pub unsafe fn merge<S: F32s>(
+    dst_m: &mut f32,
+    dst_l: &mut f32,
+    dst_acc: &mut [f32],
+    m: f32,
+    l: f32,
+    acc: &[f32],
+) {
+    debug_assert_eq!(dst_acc.len(), acc.len());
+    debug_assert_eq!(acc.len() % S::N, 0);
+    unsafe {
+        let mx = dst_m.max(m);
+        let a = S::splat(*dst_m - mx).exp2().first();
+        let b = S::splat(m - mx).exp2().first();
+        *dst_l = *dst_l * a + l * b;
+        *dst_m = mx;
+        let (va, vb) = (S::splat(a), S::splat(b));
+        let (d, s) = (dst_acc.as_mut_ptr(), acc.as_ptr());
+        let mut i = 0;
+        while i + S::N <= acc.len() {
+            S::fma(S::load(s.add(i)), vb, S::mul(S::load(d.add(i)), va)).store(d.add(i));
+            i += S::N;
+        }
+    }
+}
+
+/// `out = gate / (1 + 2^(-gate · log2 e)) · up`; the tail goes through one padded vector, so
+/// every element takes the same operations.
+///
+/// # Safety
+///
+/// Equal lengths.
+#[inline(always)]
+pub unsafe fn silu_mul<S: F32s>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = gate.len().min(up.len()).min(out.len());
+    unsafe {
+        let (g, u, o) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr());
+        let mut i = 0;
+        while i + S::N <= n {
+            silu_mul_vec::<S>(g.add(i), u.add(i), o.add(i));
+            i += S::N;
+        }
+        if i < n {
+            let mut buf = [[0f32; 16]; 3];
+            let rest = n - i;
+            std::ptr::copy_nonoverlapping(g.add(i), buf[0].as_mut_ptr(), rest);
+            std::ptr::copy_nonoverlapping(u.add(i), buf[1].as_mut_ptr(), rest);
+            let [bg, bu, bo] = &mut buf;
+            silu_mul_vec::<S>(bg.as_ptr(), bu.as_ptr(), bo.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(bo.as_ptr(), o.add(i), rest);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn silu_mul_vec<S: F32s>(g: *const f32, u: *const f32, o: *mut f32) {
+    unsafe {
+        let gv = S::load(g);
+        let e = S::mul(gv, S::splat(-std::f32::consts::LOG2_E)).exp2();
+        let silu = S::div(gv, S::add(S::splat(1.0), e));
+        S::mul(silu, S::load(u)).store(o);
+    }
+}

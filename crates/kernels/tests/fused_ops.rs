@@ -1,0 +1,96 @@
+//! Fused ops against their unfused compositions, every tier this CPU supports:
+//! * `matmul_multi` (Q/K/V in one pass) equals one `matmul` per matrix, bit for bit — for
+//!   one shared weight type, mixed types sharing an activation format (Q4_K + Q6_K, the
+//!   fused path), mixed formats (Q4_1 + Q6_K, the fallback) and float weights;
+//! * the SiLU gate of every tier against an f64 reference: relative `3e-6` — `e^-g` is
+//!   `2^(-g·log2 e)`, and rounding the f32 argument costs `|g| · 2^-24 · log2 e` relative
+//!   (~1.3e-6 at `|g| = 30`, where the gate is ~1e-12 anyway).
+
+use tokenmill_kernels::dispatch::{Kernels, Tier};
+use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
+use tokenmill_kernels::pool::ThreadPool;
+use tokenmill_kernels::quant::GgmlType;
+use tokenmill_kernels::quant::testing::{SplitMix64, random_weight_row};
+
+fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    (0..rows)
+        .flat_map(|_| random_weight_row(rng, ty, cols))
+        .collect()
+}
+
+#[test]
+fn matmul_multi_equals_separate_matmuls() {
+    use GgmlType::*;
+    let mut rng = SplitMix64::new(11);
+    let pool = ThreadPool::new(2);
+    let type_sets: [&[GgmlType]; 5] = [
+        &[Q4_1, Q4_1, Q4_1],
+        &[Q4_K, Q4_K, Q6_K],
+        &[Q4_1, Q6_K],
+        &[F32, F32, F32],
+        &[Q8_0],
+    ];
+    for types in type_sets {
+        let k = 512;
+        let rows = [96, 32, 33, 7];
+        let data: Vec<Vec<u8>> = types
+            .iter()
+            .zip(rows)
+            .map(|(&ty, n)| weights(&mut rng, ty, n, k))
+            .collect();
+        let ws: Vec<QMatrix> = types
+            .iter()
+            .zip(rows)
+            .zip(&data)
+            .map(|((&ty, n), d)| QMatrix {
+                ty,
+                rows: n,
+                cols: k,
+                data: d,
+            })
+            .collect();
+        let n_total: usize = ws.iter().map(|w| w.rows).sum();
+        for n_tok in [1, 5, 17] {
+            let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+            for tier in Tier::supported() {
+                let kern = Kernels::new(tier).unwrap();
+                let mut fused = vec![f32::NAN; n_tok * n_total];
+                matmul_multi_with(&pool, &kern, &x, &ws, &mut fused);
+                let mut col = 0;
+                for w in &ws {
+                    let mut one = vec![0f32; n_tok * w.rows];
+                    matmul_with(&pool, &kern, &x, w, &mut one);
+                    for t in 0..n_tok {
+                        assert!(
+                            fused[t * n_total + col..][..w.rows] == one[t * w.rows..][..w.rows],
+                            "{types:?} {tier} {n_tok} tokens"
+                        );
+                    }
+                    col += w.rows;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn silu_mul_tiers_match_reference() {
+    let mut rng = SplitMix64::new(3);
+    for n in [1, 7, 8, 15, 16, 17, 100, 1536] {
+        let g: Vec<f32> = (0..n).map(|_| rng.uniform(-30.0, 30.0)).collect();
+        let u: Vec<f32> = (0..n).map(|_| rng.uniform(-3.0, 3.0)).collect();
+        let want: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| (g as f64 / (1.0 + (-g as f64).exp()) * u as f64) as f32)
+            .collect();
+        for tier in Tier::supported() {
+            let mut out = vec![f32::NAN; n];
+            Kernels::new(tier).unwrap().silu_mul(&g, &u, &mut out);
+            for (i, (o, w)) in out.iter().zip(&want).enumerate() {
+                let tol = 3e-6 * w.abs() + 1e-30;
+                assert!((o - w).abs() <= tol, "{tier} n={n} [{i}]: {o} vs {w}");
+            }
+        }
+    }
+}

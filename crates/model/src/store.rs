@@ -1,0 +1,187 @@
+//! [`WeightStore`]: where a model's weights live — one GGUF file or the safetensors shards of
+//! a Hugging Face folder, memory-mapped either way — and the store-agnostic [`TensorRef`] /
+//! [`Linear`] handles the forward pass uses.
+//!
+//! A handle records only the element type, the shape and `(shard, byte range)`, resolved and
+//! bounds-checked once at load; `Linear::view` is then one slice of the shard's map, the same
+//! cost as the GGUF path always had. Shapes are in PyTorch order (outermost first): a GGUF
+//! tensor's `ne` dims are reversed, so `[rows = out features, cols = in features]` reads the
+//! same from both formats.
+//!
+//! safetensors element types map to the kernels' float types (F32, F16, BF16); any other
+//! dtype is rejected at load with [`ModelError::UnsupportedDtype`].
+
+use std::ops::Range;
+use std::path::Path;
+
+use tokenmill_gguf::{GgufFile, TensorInfo};
+use tokenmill_kernels::matmul::QMatrix;
+use tokenmill_kernels::quant::{GgmlType, dequantize_row};
+use tokenmill_safetensors::{Dtype, SafetensorsSet};
+
+use crate::ModelError;
+
+/// The mapped bytes behind a model.
+#[derive(Debug)]
+pub enum WeightStore {
+    Gguf(GgufFile),
+    Safetensors(SafetensorsSet),
+}
+
+/// One tensor, located in its store.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorRef {
+    pub ty: GgmlType,
+    /// Outermost first.
+    pub shape: Vec<u64>,
+    loc: Loc,
+}
+
+/// Where a tensor's bytes are: a GGUF tensor (read through `GgufFile::tensor_data`, exactly
+/// as before the store existed) or a byte range of a safetensors shard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Loc {
+    Gguf(TensorInfo),
+    Shard { shard: u32, range: Range<usize> },
+}
+
+impl WeightStore {
+    /// The Hugging Face folder's safetensors weights (single file or sharded).
+    pub fn open_hf_dir(dir: &Path) -> Result<WeightStore, ModelError> {
+        Ok(WeightStore::Safetensors(SafetensorsSet::open_dir(dir)?))
+    }
+
+    /// The tensor `name`, if the store has it.
+    pub fn find(&self, name: &str) -> Result<Option<TensorRef>, ModelError> {
+        match self {
+            WeightStore::Gguf(f) => Ok(f.tensor(name).map(|t| TensorRef {
+                ty: t.ty,
+                shape: t.dims.iter().rev().copied().collect(),
+                loc: Loc::Gguf(t.clone()),
+            })),
+            WeightStore::Safetensors(s) => {
+                let Some((shard, t)) = s.tensor(name) else {
+                    return Ok(None);
+                };
+                let ty = match t.dtype {
+                    Dtype::F32 => GgmlType::F32,
+                    Dtype::F16 => GgmlType::F16,
+                    Dtype::BF16 => GgmlType::BF16,
+                    other => {
+                        return Err(ModelError::UnsupportedDtype {
+                            name: name.into(),
+                            dtype: format!("{other:?}"),
+                        });
+                    }
+                };
+                Ok(Some(TensorRef {
+                    ty,
+                    shape: t.shape.clone(),
+                    loc: Loc::Shard {
+                        shard: shard as u32,
+                        range: t.range.clone(),
+                    },
+                }))
+            }
+        }
+    }
+
+    /// The tensor `name`, or [`ModelError::MissingTensor`].
+    pub fn get(&self, name: &str) -> Result<TensorRef, ModelError> {
+        self.find(name)?.ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+        })
+    }
+
+    /// The bytes of `t`, a tensor of this store.
+    ///
+    /// # Panics
+    /// If `t` came from another store (its location does not exist here).
+    pub fn data(&self, t: &TensorRef) -> &[u8] {
+        match (self, &t.loc) {
+            (WeightStore::Gguf(f), Loc::Gguf(info)) => f.tensor_data(info),
+            (WeightStore::Safetensors(s), Loc::Shard { shard, range }) => {
+                &s.shards()[*shard as usize].bytes()[range.clone()]
+            }
+            _ => panic!("tensor of another weight store"),
+        }
+    }
+
+    /// A 2-D weight `name` of `rows × cols`, shape-checked.
+    pub fn linear(&self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let t = self.get(name)?;
+        check_shape(name, &t, &[rows as u64, cols as u64])?;
+        if !cols.is_multiple_of(t.ty.block_size()) {
+            return Err(ModelError::BadConfig(format!(
+                "'{name}': {cols} columns are not whole {:?} blocks",
+                t.ty
+            )));
+        }
+        Ok(Linear { t, rows, cols })
+    }
+
+    /// A tensor of exactly `shape`, dequantized to f32 (norms, biases, small tables).
+    pub fn dense(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let t = self.get(name)?;
+        let want: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        check_shape(name, &t, &want)?;
+        let len: usize = shape.iter().product();
+        if !len.is_multiple_of(t.ty.block_size()) {
+            return Err(ModelError::BadConfig(format!(
+                "'{name}': {len} values are not whole {:?} blocks",
+                t.ty
+            )));
+        }
+        let mut out = vec![0f32; len];
+        dequantize_row(t.ty, self.data(&t), &mut out);
+        Ok(out)
+    }
+
+    /// [`Self::dense`] when the tensor exists.
+    pub fn dense_opt(&self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>, ModelError> {
+        match self.find(name)? {
+            Some(_) => self.dense(name, shape).map(Some),
+            None => Ok(None),
+        }
+    }
+}
+
+fn check_shape(name: &str, t: &TensorRef, want: &[u64]) -> Result<(), ModelError> {
+    if t.shape != want {
+        return Err(ModelError::BadShape {
+            name: name.into(),
+            expected: want.to_vec(),
+            found: t.shape.clone(),
+        });
+    }
+    Ok(())
+}
+
+/// A linear layer's weight `[rows = out features, cols = in features]`, in its store.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    t: TensorRef,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl Linear {
+    /// The matrix view over the store's bytes.
+    pub fn view<'a>(&self, store: &'a WeightStore) -> QMatrix<'a> {
+        QMatrix {
+            ty: self.t.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data: store.data(&self.t),
+        }
+    }
+
+    pub fn ty(&self) -> GgmlType {
+        self.t.ty
+    }
+
+    /// Bytes of the weight.
+    pub fn n_bytes(&self) -> usize {
+        self.rows * (self.cols / self.t.ty.block_size()) * self.t.ty.type_size()
+    }
+}

@@ -1,0 +1,168 @@
+//! DeepSeek V2 (softmax routing) and V3 (sigmoid + bias, group-limited) tiny random-weight
+//! models from `scripts/golden/make_deepseek_models.py`: MLA with q LoRA and YaRN over the
+//! latent-only cache, dense first layer, MoE with a shared expert.
+//!
+//! Logits must match the HF fp32 reference at every position, greedy continuations must be
+//! identical, chunked prefill must agree with one pass, and the cache must hold exactly
+//! `n_layers · (kv_lora_rank + qk_rope_head_dim)` f32 values per token.
+
+use serde_json::Value;
+use tokenmill_model::deepseek::{DeepSeekModel, Routing};
+use tokenmill_model::{LogitsWanted, SeqChunk};
+
+fn load(name: &str) -> (DeepSeekModel, Value) {
+    let dir = tokenmill_testutil::fixtures_dir("deepseek").join(name);
+    let fx = std::fs::read_to_string(dir.join("reference.json")).unwrap();
+    (
+        DeepSeekModel::load_hf_dir(&dir).unwrap(),
+        serde_json::from_str(&fx).unwrap(),
+    )
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .unwrap() as u32
+}
+
+/// All-position logits of `tokens`, prefilled in chunks of `chunk` tokens.
+fn logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut kv = model.kv_cache(8, 4);
+    let table: Vec<u32> = (0..8).rev().collect();
+    let mut out = Vec::new();
+    for (i, part) in tokens.chunks(chunk).enumerate() {
+        let c = SeqChunk {
+            tokens: part,
+            start_pos: i * chunk,
+            block_table: &table,
+            logits: LogitsWanted::All,
+        };
+        out.extend(model.forward(&[c], &mut kv).unwrap());
+    }
+    out
+}
+
+#[test]
+fn configs_are_read() {
+    let (v2, _) = load("v2");
+    let (v3, _) = load("v3");
+    let c = v2.config();
+    assert_eq!(
+        (c.q_lora_rank, c.kv_lora_rank, c.first_k_dense_replace),
+        (Some(24), 16, 1)
+    );
+    assert_eq!(
+        c.routing,
+        Routing::Softmax {
+            group_limited: false
+        }
+    );
+    assert_eq!(v3.config().routing, Routing::Sigmoid);
+    assert!(v3.config().norm_topk_prob && v3.config().n_group == 2);
+    // YaRN: mscale == mscale_all_dim, so cos/sin are unscaled and the softmax scale gains
+    // (0.1 · 0.707 · ln 4 + 1)².
+    let m = 0.1 * 0.707 * 4f32.ln() + 1.0;
+    assert!((c.rope_mscale - 1.0).abs() < 1e-6);
+    assert!((c.attn_scale - m * m / 12f32.sqrt()).abs() < 1e-6);
+}
+
+#[test]
+fn logits_match_hf_reference() {
+    for name in ["v2", "v3"] {
+        let (model, fx) = load(name);
+        let got = logits_chunked(&model, &ids(&fx["input_ids"]), 64);
+        let want: Vec<f32> = fx["logits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                r.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_f64().unwrap() as f32)
+            })
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let worst = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "{name}: max relative logit error {worst}");
+    }
+}
+
+#[test]
+fn greedy_matches_hf_reference() {
+    for name in ["v2", "v3"] {
+        let (model, fx) = load(name);
+        let mut tokens = ids(&fx["input_ids"]);
+        let want = ids(&fx["greedy_ids"]);
+        let mut kv = model.kv_cache(8, 4);
+        let table: Vec<u32> = (0..8).collect();
+        let mut start = 0;
+        for _ in 0..want.len() {
+            let c = SeqChunk {
+                tokens: &tokens[start..],
+                start_pos: start,
+                block_table: &table,
+                logits: LogitsWanted::Last,
+            };
+            let next = argmax(&model.forward(&[c], &mut kv).unwrap());
+            start = tokens.len();
+            tokens.push(next);
+        }
+        assert_eq!(&tokens[tokens.len() - want.len()..], &want[..], "{name}");
+    }
+}
+
+#[test]
+fn chunked_prefill_matches_whole_prompt() {
+    let (model, fx) = load("v2");
+    let input = ids(&fx["input_ids"]);
+    let whole = logits_chunked(&model, &input, input.len());
+    for chunk in [1, 3, 5] {
+        let parts = logits_chunked(&model, &input, chunk);
+        let worst = whole
+            .iter()
+            .zip(&parts)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-4, "chunk {chunk} differs by {worst}");
+    }
+}
+
+#[test]
+fn kv_bytes_per_token_is_the_latent_formula() {
+    let (model, _) = load("v2");
+    let c = model.config();
+    let kv = model.kv_cache(4, 16);
+    // 3 layers · (kv_lora_rank 16 + qk_rope_head_dim 4) · 4 bytes
+    assert_eq!(kv.bytes_per_token(), 3 * (16 + 4) * 4);
+    assert_eq!(kv.bytes_per_token(), c.n_layers * c.latent_dim() * 4);
+    // Expanded K/V would hold H · (nope + rope + v) = 4 · 24 values per layer.
+    assert_eq!(c.expanded_kv_dim(), 4 * (8 + 4 + 12));
+}
+
+#[test]
+fn bad_batches_are_rejected() {
+    let (model, _) = load("v2");
+    let mut kv = model.kv_cache(2, 4);
+    let chunk = |tokens: &'static [u32], table: &'static [u32]| SeqChunk {
+        tokens,
+        start_pos: 0,
+        block_table: table,
+        logits: LogitsWanted::Last,
+    };
+    assert!(model.forward(&[chunk(&[300], &[0, 1])], &mut kv).is_err());
+    assert!(model.forward(&[chunk(&[1; 9], &[0, 1])], &mut kv).is_err());
+    assert!(model.forward(&[chunk(&[1], &[5])], &mut kv).is_err());
+}

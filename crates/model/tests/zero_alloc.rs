@@ -1,0 +1,153 @@
+//! Zero allocation per decode step: after warm-up, decode steps of a batch allocate nothing —
+//! not the forward pass, not its workspace, not the kernels' scratch, not the thread pool.
+//!
+//! A counting global allocator (this test binary's only test, so no other test allocates
+//! concurrently) counts every allocation while a flag is set. Each model: four sequences
+//! prefilled with different prompt lengths in one batch, a few warm-up decode steps, then
+//! `STEPS` counted decode steps of the whole batch, whose contexts cross decode-segment
+//! boundaries (64 and 128 keys) on the way — so the split attention's partial buffers must
+//! already be large enough. Block tables are scattered, and both block sizes that hold whole
+//! key tiles (16) and ones that do not (4, the gather path) are covered.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokenmill_gguf::GgufFile;
+use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const B: usize = 4;
+const WARM_UP: usize = 3;
+const STEPS: usize = 24;
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`.
+fn decode_allocations(model: &LlamaModel, block_size: usize) -> usize {
+    let cfg = model.config();
+    let vocab = cfg.vocab_size;
+    // Prompts end just before 64 and 128 keys, so the counted steps cross both boundaries.
+    let prompt_lens = [5, 50, 60, 120];
+    let max_len = prompt_lens.iter().max().unwrap() + WARM_UP + STEPS;
+    let per_seq = max_len.div_ceil(block_size);
+    let mut kv = KvCache::new(cfg, B * per_seq, block_size);
+    // Sequence s owns blocks s, s + B, s + 2B, ... (interleaved, not contiguous).
+    let tables: Vec<Vec<u32>> = (0..B)
+        .map(|s| (0..per_seq).map(|i| (i * B + s) as u32).collect())
+        .collect();
+    let prompts: Vec<Vec<u32>> = prompt_lens
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
+        .collect();
+    let mut ws = model.workspace(128 + 64, B);
+    let chunks: Vec<SeqChunk> = (0..B)
+        .map(|s| SeqChunk {
+            tokens: &prompts[s],
+            start_pos: 0,
+            block_table: &tables[s],
+            logits: LogitsWanted::Last,
+        })
+        .collect();
+    let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
+    let mut next = [0u32; B];
+    for (s, n) in next.iter_mut().enumerate() {
+        *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
+    }
+    let mut pos = prompt_lens;
+    let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
+        let toks = *next;
+        let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
+            tokens: std::slice::from_ref(&toks[s]),
+            start_pos: pos[s],
+            block_table: &tables[s],
+            logits: LogitsWanted::Last,
+        });
+        let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
+        for (s, n) in next.iter_mut().enumerate() {
+            *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
+            pos[s] += 1;
+        }
+    };
+    for _ in 0..WARM_UP {
+        step(&mut next, &mut pos);
+    }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..STEPS {
+        step(&mut next, &mut pos);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    ALLOCATIONS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn decode_steps_allocate_nothing() {
+    let dir = tokenmill_testutil::fixtures_dir("tiny");
+    let mut failures = Vec::new();
+    for name in ["llama", "qwen2", "llama3-rope", "mistral"] {
+        let model =
+            LlamaModel::load(GgufFile::open(dir.join(format!("{name}.gguf"))).unwrap()).unwrap();
+        for block_size in [16, 4] {
+            let n = decode_allocations(&model, block_size);
+            eprintln!("{name}, block size {block_size}: {n} allocations in {STEPS} steps");
+            if n != 0 {
+                failures.push(format!("{name}/{block_size}: {n}"));
+            }
+        }
+    }
+    let model =
+        LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
+    let n = decode_allocations(&model, 16);
+    eprintln!("SmolLM2-135M Q4_1, block size 16: {n} allocations in {STEPS} steps");
+    if n != 0 {
+        failures.push(format!("smollm2: {n}"));
+    }
+    assert!(
+        failures.is_empty(),
+        "allocations during decode: {failures:?}"
+    );
+}

@@ -1,0 +1,161 @@
+//! [`Roofline`]: this machine's ceilings, measured by micro-benchmarks on the same kernels and
+//! thread count the model uses.
+//!
+//! - **Integer dot peak** (`int_gflops`): tokenmill's own `matmul` on a cache-resident Q4_1
+//!   weight (512 × 1024, ~0.3 MiB) against 64 activation rows — the quantized integer path
+//!   every linear layer takes, with no memory traffic to speak of. FLOPs are counted as
+//!   `2 · rows · cols · tokens` like the model's.
+//! - **f32 FMA peak** (`f32_gflops`): the kernel table's f32 dot over L1-resident vectors on
+//!   every pool thread at once.
+//! - **Memory bandwidth** (`mem_gbps`): every thread sums its share of a 256 MiB buffer of
+//!   `u64` (a streaming read, far larger than any cache); best of three passes.
+//!
+//! Each figure is the best of a few timed repetitions (ceilings, not averages).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokenmill_kernels::matmul::{QMatrix, dot, matmul};
+use tokenmill_kernels::quant::{GgmlType, quantize_row};
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Roofline {
+    pub int_gflops: f64,
+    pub f32_gflops: f64,
+    pub mem_gbps: f64,
+    pub threads: usize,
+}
+
+impl Roofline {
+    /// Runs the three micro-benchmarks (about a second in all).
+    pub fn measure() -> Roofline {
+        let threads = tokenmill_kernels::pool::global().num_threads();
+        Roofline {
+            int_gflops: int_dot_gflops(),
+            f32_gflops: f32_fma_gflops(threads),
+            mem_gbps: mem_read_gbps(threads, 256 << 20),
+            threads,
+        }
+    }
+
+    /// The better of the two compute ceilings (the model's matmuls use the integer path).
+    pub fn peak_gflops(&self) -> f64 {
+        self.int_gflops.max(self.f32_gflops)
+    }
+
+    /// Arithmetic intensity (FLOP/byte) where the memory and compute roofs meet.
+    pub fn ridge(&self) -> f64 {
+        self.peak_gflops() / self.mem_gbps.max(1e-9)
+    }
+}
+
+/// Best rate of `f` (which does `work` units per call) over `reps` runs of at least `min`.
+fn best_rate(reps: usize, min: Duration, work: f64, mut f: impl FnMut()) -> f64 {
+    let mut best = 0.0f64;
+    for _ in 0..reps {
+        let t = Instant::now();
+        let mut calls = 0u64;
+        while t.elapsed() < min || calls == 0 {
+            f();
+            calls += 1;
+        }
+        best = best.max(work * calls as f64 / t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn int_dot_gflops() -> f64 {
+    let (rows, cols, tokens) = (512, 1024, 64);
+    let ty = GgmlType::Q4_1;
+    let row_bytes = cols / ty.block_size() * ty.type_size();
+    let mut data = vec![0u8; rows * row_bytes];
+    let src: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) / 8.0)
+        .collect();
+    for r in data.chunks_exact_mut(row_bytes) {
+        quantize_row(ty, &src, r);
+    }
+    let w = QMatrix {
+        ty,
+        rows,
+        cols,
+        data: &data,
+    };
+    let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 5) as f32 * 0.1).collect();
+    let mut out = vec![0f32; tokens * rows];
+    let flops = 2.0 * (rows * cols * tokens) as f64;
+    best_rate(3, Duration::from_millis(150), flops, || {
+        matmul(black_box(&x), &w, &mut out);
+        black_box(&out);
+    }) / 1e9
+}
+
+fn f32_fma_gflops(threads: usize) -> f64 {
+    let n = 1024;
+    let per_call = 2.0 * n as f64 * 64.0;
+    let rates: Vec<f64> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(move || {
+                    let a: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3).collect();
+                    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 1e-4).collect();
+                    best_rate(3, Duration::from_millis(100), per_call, || {
+                        let mut acc = 0.0;
+                        for _ in 0..64 {
+                            acc += dot(black_box(&a), black_box(&b));
+                        }
+                        black_box(acc);
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).collect()
+    });
+    rates.iter().sum::<f64>() / 1e9
+}
+
+/// Streaming-read bandwidth over a `bytes`-sized buffer split across `threads`, GB/s.
+pub fn mem_read_gbps(threads: usize, bytes: usize) -> f64 {
+    let buf: Vec<u64> = vec![1; bytes / 8];
+    let chunk = buf.len().div_ceil(threads.max(1));
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(chunk)
+                .map(|c| s.spawn(move || c.iter().fold(0u64, |a, &v| a.wrapping_add(v))))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        black_box(sum);
+        best = best.max(bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ridge_is_compute_over_bandwidth() {
+        let r = Roofline {
+            int_gflops: 200.0,
+            f32_gflops: 50.0,
+            mem_gbps: 20.0,
+            threads: 2,
+        };
+        assert_eq!(r.peak_gflops(), 200.0);
+        assert_eq!(r.ridge(), 10.0);
+    }
+
+    #[test]
+    fn measured_ceilings_are_positive_and_finite() {
+        let bw = mem_read_gbps(2, 8 << 20);
+        assert!(bw.is_finite() && bw > 0.0, "{bw}");
+        let g = int_dot_gflops();
+        assert!(g.is_finite() && g > 0.0, "{g}");
+    }
+}
