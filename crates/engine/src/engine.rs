@@ -68,6 +68,8 @@ pub struct EngineStats {
     pub last_batch_tokens: usize,
     pub last_step_predicted: Duration,
     pub last_step_measured: Duration,
+    /// KV-cache bytes one token takes over all layers (the latent formula for MLA models).
+    pub kv_bytes_per_token: usize,
 }
 
 enum Command {
@@ -172,7 +174,10 @@ pub fn start(
 ) -> Result<(EngineHandle, JoinHandle<()>), EngineError> {
     let scheduler = Scheduler::new(config.clone())?;
     let (tx, rx) = mpsc::channel();
-    let stats = Arc::new(Mutex::new(EngineStats::default()));
+    let stats = Arc::new(Mutex::new(EngineStats {
+        kv_bytes_per_token: runner.kv_bytes_per_token(),
+        ..EngineStats::default()
+    }));
     let handle = EngineHandle {
         tx,
         next_id: Arc::new(AtomicU64::new(0)),
@@ -399,6 +404,7 @@ impl EngineLoop {
             last_batch_tokens: self.out.num_scheduled_tokens,
             last_step_predicted: self.out.predicted,
             last_step_measured: measured,
+            kv_bytes_per_token: self.runner.kv_bytes_per_token(),
         };
         if tokenmill_trace::enabled() {
             let sched = &snapshot.scheduler;

@@ -56,6 +56,8 @@ fn engine_greedy_matches_reference_alone_and_batched() {
     let runner = ModelRunner::new(m, &config());
     assert_eq!(runner.kv_bytes_per_token(), 3 * (16 + 4) * 4);
     let (h, _thread) = start(runner, config()).unwrap();
+    // Published for metrics: layers × (kv_lora_rank + qk_rope_head_dim) f32 values.
+    assert_eq!(h.stats().kv_bytes_per_token, 3 * (16 + 4) * 4);
     let p = RequestParams {
         max_tokens: Some(want.len()),
         ignore_eos: true,

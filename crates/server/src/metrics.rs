@@ -237,6 +237,11 @@ impl Metrics {
             stats.last_batch_tokens as f64,
         );
         gauge(
+            "tokenmill_kv_cache_bytes_per_token",
+            "KV-cache bytes one token takes over all layers (latent-only for MLA models).",
+            stats.kv_bytes_per_token as f64,
+        );
+        gauge(
             "tokenmill_kv_cache_free_blocks",
             "Free KV-cache blocks.",
             s.num_free_blocks as f64,
