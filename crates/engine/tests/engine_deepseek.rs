@@ -7,6 +7,7 @@ use tokenmill_engine::{
     ModelRunner, RequestParams, RequestStream, SamplingParams, SchedulerConfig, StreamEvent, start,
 };
 use tokenmill_model::deepseek::DeepSeekModel;
+use tokenmill_testutil::ids;
 
 fn model() -> (DeepSeekModel, Value) {
     let dir = tokenmill_testutil::fixtures_dir("deepseek").join("v2");
@@ -15,14 +16,6 @@ fn model() -> (DeepSeekModel, Value) {
         DeepSeekModel::load_hf_dir(&dir).unwrap(),
         serde_json::from_str(&fx).unwrap(),
     )
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn config() -> SchedulerConfig {

@@ -9,6 +9,7 @@
 use serde_json::Value;
 use tokenmill_model::deepseek::{DeepSeekModel, Routing};
 use tokenmill_model::{LogitsWanted, SeqChunk};
+use tokenmill_testutil::{argmax, ids};
 
 fn load(name: &str) -> (DeepSeekModel, Value) {
     let dir = tokenmill_testutil::fixtures_dir("deepseek").join(name);
@@ -17,20 +18,6 @@ fn load(name: &str) -> (DeepSeekModel, Value) {
         DeepSeekModel::load_hf_dir(&dir).unwrap(),
         serde_json::from_str(&fx).unwrap(),
     )
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap() as u32
 }
 
 /// All-position logits of `tokens`, prefilled in chunks of `chunk` tokens.

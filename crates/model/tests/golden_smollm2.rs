@@ -9,6 +9,7 @@
 use serde_json::Value;
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_testutil::ids;
 
 fn load(name: &str) -> Value {
     let path = tokenmill_testutil::fixtures_dir("smollm2").join(name);
@@ -17,14 +18,6 @@ fn load(name: &str) -> Value {
 
 fn model() -> LlamaModel {
     LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// `[(id, logprob)]` of a fixture top-5 list.

@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, ModelError, SeqChunk, Workspace};
 use tokenmill_safetensors::{Dtype, SafetensorsError, serialize};
+use tokenmill_testutil::{argmax, ids};
 use tokenmill_tokenizer::{ChatMessage, Tokenizer};
 
 const MODELS: [&str; 4] = ["llama", "qwen2", "mistral", "llama3-rope"];
@@ -25,14 +26,6 @@ fn reference(name: &str) -> Value {
         .unwrap()
 }
 
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 fn floats(v: &Value) -> Vec<f32> {
     v.as_array()
         .unwrap()
@@ -44,12 +37,6 @@ fn floats(v: &Value) -> Vec<f32> {
                 .map(|v| v.as_f64().unwrap() as f32)
         })
         .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap() as u32
 }
 
 /// All-position logits of `tokens` as one sequence in one pass.

@@ -9,6 +9,7 @@
 use serde_json::Value;
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_testutil::{argmax, ids};
 
 const MODELS: [&str; 4] = ["llama", "llama3-rope", "qwen2", "mistral"];
 
@@ -20,20 +21,6 @@ fn load(name: &str) -> (LlamaModel, Value) {
         LlamaModel::load(file).unwrap(),
         serde_json::from_str(&json).unwrap(),
     )
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len())
-        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
-        .unwrap() as u32
 }
 
 /// All-position logits of `tokens` as one sequence, prefilled in chunks of `chunk` tokens.

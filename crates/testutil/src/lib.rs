@@ -40,3 +40,21 @@ pub fn model_path() -> PathBuf {
     })
     .clone()
 }
+
+/// A JSON array of token ids (as the golden fixtures store them).
+///
+/// Panics if `v` is not an array of non-negative integers.
+pub fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .expect("an array of token ids")
+        .iter()
+        .map(|x| x.as_u64().expect("a token id") as u32)
+        .collect()
+}
+
+/// The index of the largest logit (the last of equal ones).
+pub fn argmax(row: &[f32]) -> u32 {
+    (0..row.len())
+        .max_by(|&a, &b| row[a].total_cmp(&row[b]))
+        .expect("a non-empty row") as u32
+}
