@@ -38,3 +38,29 @@ impl SeqChunk<'_> {
         }
     }
 }
+
+/// Checks a batch before a forward pass: every token inside the vocabulary, and every chunk's
+/// block table covering its positions with blocks that exist in a cache of `num_blocks`
+/// blocks of `block_size` positions.
+pub(crate) fn validate_chunks(
+    chunks: &[SeqChunk<'_>],
+    vocab_size: usize,
+    num_blocks: usize,
+    block_size: usize,
+) -> Result<(), crate::ModelError> {
+    for c in chunks {
+        if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(crate::ModelError::TokenOutOfRange {
+                token: t,
+                vocab_size,
+            });
+        }
+        let end = c.start_pos + c.tokens.len();
+        if end.div_ceil(block_size) > c.block_table.len()
+            || c.block_table.iter().any(|&b| b as usize >= num_blocks)
+        {
+            return Err(crate::ModelError::BadBlockTable { positions: end });
+        }
+    }
+    Ok(())
+}

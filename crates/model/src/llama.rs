@@ -112,25 +112,8 @@ impl LlamaModel {
 
     /// Checks a batch against the vocabulary and the cache before running it.
     fn validate(&self, chunks: &[SeqChunk<'_>], kv: &KvCache) -> Result<(), ModelError> {
-        for c in chunks {
-            if let Some(&t) = c
-                .tokens
-                .iter()
-                .find(|&&t| t as usize >= self.cfg.vocab_size)
-            {
-                return Err(ModelError::TokenOutOfRange {
-                    token: t,
-                    vocab_size: self.cfg.vocab_size,
-                });
-            }
-            let end = c.start_pos + c.tokens.len();
-            if kv.blocks_for(end) > c.block_table.len()
-                || c.block_table.iter().any(|&b| b as usize >= kv.num_blocks())
-            {
-                return Err(ModelError::BadBlockTable { positions: end });
-            }
-        }
-        Ok(())
+        let (vocab, blocks, bs) = (self.cfg.vocab_size, kv.num_blocks(), kv.block_size());
+        crate::batch::validate_chunks(chunks, vocab, blocks, bs)
     }
 
     /// A workspace that never allocates for batches of up to `max_batch_tokens` tokens in up
