@@ -245,8 +245,12 @@ async fn run_async(args: &BenchArgs, tok: &Tokenizer) -> anyhow::Result<()> {
     if !(args.request_timeout_s > 0.0 && args.request_timeout_s.is_finite()) {
         bail!("--request-timeout-s must be positive");
     }
+    // A fresh connection per request (no idle pool): reusing a keep-alive connection the
+    // server is closing (llama-server closes one after a few requests) fails the request
+    // with "error sending request", which is the client's fault, not the server's.
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs_f64(args.request_timeout_s))
+        .pool_max_idle_per_host(0)
         .build()?;
     let a = target(&client, args, &args.base_url, &args.model).await?;
     let spec = args.spec()?;
