@@ -192,13 +192,17 @@ pub async fn serve(
     state: SharedState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_when_ready(
-        listener,
-        async move { Ok::<_, std::convert::Infallible>(state) },
-        shutdown,
-    )
-    .await
+    // The state is ready now: fill the slot before the first connection is accepted, so no
+    // request can see the loading answer (the ready future below is only polled alongside
+    // the first connections).
+    let slot: Slot = Arc::default();
+    let _ = slot.set((state.clone(), router(state.clone())));
+    let ready = async move { Ok::<_, std::convert::Infallible>(state) };
+    serve_with_slot(listener, slot, ready, shutdown).await
 }
+
+/// The state and its router once loaded (empty while loading).
+type Slot = Arc<OnceLock<(SharedState, Router)>>;
 
 /// Like [`serve`], but the state arrives when `ready` resolves (the model loads meanwhile):
 /// until then every route, `/health` included, answers 503. A failed `ready` ends the
@@ -208,7 +212,16 @@ pub async fn serve_when_ready<E: std::fmt::Display>(
     ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let slot: Arc<OnceLock<(SharedState, Router)>> = Arc::default();
+    serve_with_slot(listener, Slot::default(), ready, shutdown).await
+}
+
+/// [`serve_when_ready`] with the slot the state goes into (already filled by [`serve`]).
+async fn serve_with_slot<E: std::fmt::Display>(
+    listener: TcpListener,
+    slot: Slot,
+    ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let app = Router::new().fallback({
         let slot = slot.clone();
         move |req: Request| {
@@ -247,7 +260,9 @@ pub async fn serve_when_ready<E: std::fmt::Display>(
                     }
                 },
             };
-            let _ = slot.set((state.clone(), router(state.clone())));
+            if slot.get().is_none() {
+                let _ = slot.set((state.clone(), router(state.clone())));
+            }
             match address {
                 Some(address) => {
                     tracing::info!(%address, model = state.model_name(), "serving");

@@ -104,9 +104,12 @@ impl Drop for TestServer {
     }
 }
 
+/// A client opening a fresh connection per request: the server closes a connection whose
+/// request body it refused unread (413), and reusing it would race that close.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
+        .pool_max_idle_per_host(0)
         .build()
         .unwrap()
 }
