@@ -97,25 +97,8 @@ pub fn op_cost(m: &ModelShape, name: &str, b: &BatchShape) -> Option<Cost> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shape() -> ModelShape {
-        ModelShape {
-            n_layers: 2,
-            hidden: 8,
-            n_heads: 2,
-            head_dim: 4,
-            kv_dim: 4,
-            ffn_hidden: 16,
-            vocab: 10,
-            kv_elem_bytes: 4,
-            qkv_bytes: 100.0,
-            out_bytes: 50.0,
-            gate_up_bytes: 200.0,
-            down_bytes: 100.0,
-            lm_head_bytes: 60.0,
-            embed_row_bytes: 6.0,
-        }
-    }
+    // The small model shape of the analysis tests' hand-built trace.
+    use crate::analysis::tests::shape;
 
     #[test]
     fn matmul_and_attention_costs_by_hand() {
