@@ -285,17 +285,19 @@ impl EngineLoop {
                 return true;
             }
         };
-        let measured = t.elapsed();
+        let executed = t.elapsed();
         let update = tokenmill_trace::scope("update", "engine");
-        self.scheduler.record_step(&self.out, measured);
         let sampled: Vec<(RequestId, u32)> = result
             .sampled
             .iter()
             .map(|(id, s)| (*id, s.token))
             .collect();
         let events = self.scheduler.update_from_output(&self.out, &sampled);
+        // The cost model learns the whole iteration (schedule + execute + update): that is the
+        // time between a sequence's tokens, which the TPOT target is about.
+        self.scheduler.record_step(&self.out, t0.elapsed());
         // Stats first, so a client that sees its last token also sees its blocks freed.
-        self.publish_stats(measured);
+        self.publish_stats(executed);
         self.send(result, events);
         drop(update);
         if step.is_recording() {

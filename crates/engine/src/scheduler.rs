@@ -34,7 +34,7 @@
 //! SLA mode (`config.sla`): the step-time model (`sla.rs`) caps prefill so a step that
 //! contains decodes is predicted within `target_tpot` (a step with none within
 //! `target_ttft`), and stops admitting sequences once decoding one more would be predicted
-//! over `target_tpot` — the largest batch that keeps the targets. Decodes themselves are never
+//! over `target_tpot` — predictions at the 95th percentile of step time, not the mean — the largest batch that keeps the targets. Decodes themselves are never
 //! dropped; an empty step always gets at least a block's worth of prefill (progress).
 //!
 //! Static batching (`Batching::Static`, for comparison only): when nothing runs, admit up to
@@ -522,7 +522,9 @@ impl Scheduler {
                 // The largest batch that keeps TPOT: stop once one more sequence would break it
                 // (but always run something).
                 let with_one_more = decode_all.with_chunk(req.num_tokens(), 1, true);
-                if !self.running.is_empty() && self.step_model.predict_ms(&with_one_more) > tpot {
+                if !self.running.is_empty()
+                    && self.step_model.predict_tail_ms(&with_one_more) > tpot
+                {
                     break;
                 }
             }

@@ -18,6 +18,15 @@
 //! scaled internally so the ridge weighs all coefficients alike. The ridge keeps the system
 //! well-posed when the workload does not excite every feature (e.g. decode-only stretches).
 //!
+//! Tail: the fit predicts a step's *mean* time, but a target is a percentile (vLLM and
+//! `tokenmill bench` report P95). The model also tracks the 95th percentile of
+//! `measured / predicted` online — stochastic quantile tracking in log space: up by
+//! `η·0.95` after a step over the tracked ratio, down by `η·0.05` after one under it, which
+//! settles where 5% of steps exceed it — and the scheduler plans with
+//! [`StepTimeModel::predict_tail_ms`] (prediction × that ratio), so step-time noise the
+//! linear model cannot explain (cache misses, the OS, a neighbour) is budgeted for instead
+//! of pushing the tail over the target.
+//!
 //! The model is always fitted and always predicts (so predicted vs measured can be reported);
 //! only [`SlaTargets`] make the scheduler act on it (see `scheduler.rs`).
 
@@ -127,7 +136,18 @@ pub struct StepTimeStats {
     pub last_measured: Option<Duration>,
     /// Mean |predicted − measured| over all recorded steps, in milliseconds.
     pub mean_abs_error_ms: f64,
+    /// Tracked 95th percentile of measured / predicted (1 before any step).
+    pub tail_ratio: f64,
 }
+
+/// The percentile of `measured / predicted` the tail ratio tracks.
+const TAIL_QUANTILE: f64 = 0.95;
+/// Step size of the tracking, in log units (a step over the ratio raises it by ~4.9%).
+const TAIL_RATE: f64 = 0.05;
+/// The tracked ratio stays within these bounds (a wild step cannot stall admission).
+const TAIL_BOUNDS: (f64, f64) = (0.5, 4.0);
+/// Predictions below this are too small for their ratio to mean anything.
+const TAIL_MIN_PREDICTED_MS: f64 = 0.05;
 
 /// Online step-time model (module doc).
 #[derive(Clone, Debug)]
@@ -143,6 +163,8 @@ pub struct StepTimeModel {
     forget: f64,
     /// Current coefficients (scaled).
     coef: [f64; 4],
+    /// ln of the tracked tail ratio (module doc).
+    log_tail: f64,
     stats: StepTimeStats,
 }
 
@@ -165,7 +187,11 @@ impl StepTimeModel {
             prior_weight: 0.01,
             forget: 0.995,
             coef: prior,
-            stats: StepTimeStats::default(),
+            log_tail: 0.0,
+            stats: StepTimeStats {
+                tail_ratio: 1.0,
+                ..StepTimeStats::default()
+            },
         }
     }
 
@@ -178,6 +204,12 @@ impl StepTimeModel {
     pub fn predict_ms(&self, f: &StepFeatures) -> f64 {
         let x = f.vector();
         (0..4).map(|i| self.coef[i] * x[i] / self.scale[i]).sum()
+    }
+
+    /// Predicted 95th-percentile step time in milliseconds: [`Self::predict_ms`] × the
+    /// tracked tail ratio. What the scheduler holds against the targets.
+    pub fn predict_tail_ms(&self, f: &StepFeatures) -> f64 {
+        self.predict_ms(f) * self.log_tail.exp()
     }
 
     pub fn predict(&self, f: &StepFeatures) -> Duration {
@@ -201,14 +233,29 @@ impl StepTimeModel {
         }
         self.coef = self.solve();
 
-        let s = &mut self.stats;
-        if let Some(p) = predicted {
-            let err = (p.as_secs_f64() * 1e3 - t).abs();
-            s.mean_abs_error_ms += (err - s.mean_abs_error_ms) / (s.num_steps + 1) as f64;
+        if let Some(p) = predicted.map(|p| p.as_secs_f64() * 1e3) {
+            let s = &mut self.stats;
+            s.mean_abs_error_ms += ((p - t).abs() - s.mean_abs_error_ms) / (s.num_steps + 1) as f64;
+            if p >= TAIL_MIN_PREDICTED_MS {
+                self.track_tail(t / p);
+            }
         }
+        let s = &mut self.stats;
         s.num_steps += 1;
         s.last_predicted = predicted;
         s.last_measured = Some(measured);
+    }
+
+    /// One step of the tail ratio's quantile tracking (module doc).
+    fn track_tail(&mut self, ratio: f64) {
+        let step = if ratio.ln() > self.log_tail {
+            TAIL_RATE * TAIL_QUANTILE
+        } else {
+            -TAIL_RATE * (1.0 - TAIL_QUANTILE)
+        };
+        let (lo, hi) = TAIL_BOUNDS;
+        self.log_tail = (self.log_tail + step).clamp(lo.ln(), hi.ln());
+        self.stats.tail_ratio = self.log_tail.exp();
     }
 
     /// Non-negative ridge least squares by enumerating the 16 faces of the orthant.
@@ -287,8 +334,9 @@ fn gauss_solve(a: &mut [[f64; 5]; 4], n: usize) -> Option<[f64; 4]> {
 }
 
 /// Largest `len ≤ max_len` such that a prefill chunk of `len` tokens from `start_pos`, added
-/// to `base`, is predicted within `cap_ms` (0 if none is). Valid because the prediction is
-/// monotone in `len` (coefficients are non-negative).
+/// to `base`, has a tail prediction ([`StepTimeModel::predict_tail_ms`]) within `cap_ms` (0
+/// if none is). Valid because the prediction is monotone in `len` (coefficients are
+/// non-negative).
 pub fn max_chunk_within(
     model: &StepTimeModel,
     base: &StepFeatures,
@@ -296,7 +344,8 @@ pub fn max_chunk_within(
     max_len: usize,
     cap_ms: f64,
 ) -> usize {
-    let fits = |len: usize| model.predict_ms(&base.with_chunk(start_pos, len, false)) <= cap_ms;
+    let fits =
+        |len: usize| model.predict_tail_ms(&base.with_chunk(start_pos, len, false)) <= cap_ms;
     let (mut lo, mut hi) = (0, max_len);
     if fits(hi) {
         return hi;
@@ -391,6 +440,43 @@ mod tests {
         let s = m.stats();
         assert!((s.mean_abs_error_ms - 3.0).abs() < 1e-9);
         assert_eq!(s.last_predicted, Some(ms(10.0)));
+    }
+
+    #[test]
+    fn tail_ratio_settles_at_the_95th_percentile() {
+        // The fit is exact, then measured = truth × a ratio spread evenly over [0.9, 1.3]:
+        // 5% of steps are over 1.28, so the tracked ratio must settle near 1.28.
+        let mut m = StepTimeModel::default();
+        let f = StepFeatures::default().with_chunk(500, 1, true);
+        assert_eq!(m.stats().tail_ratio, 1.0);
+        assert_eq!(m.predict_tail_ms(&f), m.predict_ms(&f));
+        let mut tracked = Vec::new();
+        for i in 0..4000u64 {
+            let ratio = 0.9 + 0.4 * ((i * 7919) % 1000) as f64 / 1000.0;
+            let p = m.predict(&f);
+            m.observe(&f, Some(p), ms(p.as_secs_f64() * 1e3 * ratio));
+            if i >= 2000 {
+                tracked.push(m.stats().tail_ratio);
+            }
+        }
+        let mean = tracked.iter().sum::<f64>() / tracked.len() as f64;
+        assert!((mean - 1.28).abs() < 0.04, "tracked tail ratio {mean}");
+        let tail = m.predict_tail_ms(&f) / m.predict_ms(&f);
+        assert!((tail - m.stats().tail_ratio).abs() < 1e-9);
+    }
+
+    #[test]
+    fn tail_ratio_is_bounded() {
+        let mut m = StepTimeModel::default();
+        let f = StepFeatures::default().with_chunk(0, 1, true);
+        for _ in 0..500 {
+            m.observe(&f, Some(ms(1.0)), ms(1000.0));
+        }
+        assert!((m.stats().tail_ratio - TAIL_BOUNDS.1).abs() < 1e-9);
+        // Predictions too small to mean anything do not move it.
+        let before = m.stats().tail_ratio;
+        m.observe(&f, Some(ms(0.01)), ms(0.001));
+        assert_eq!(m.stats().tail_ratio, before);
     }
 
     #[test]

@@ -222,6 +222,11 @@ impl Metrics {
             secs(step.last_measured),
         );
         gauge(
+            "tokenmill_step_time_tail_ratio",
+            "Tracked 95th percentile of measured / predicted step time; SLA planning scales predictions by it.",
+            step.tail_ratio,
+        );
+        gauge(
             "tokenmill_step_time_mean_abs_error_seconds",
             "Mean absolute error of the step-time model over all steps.",
             step.mean_abs_error_ms / 1e3,

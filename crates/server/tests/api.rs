@@ -364,6 +364,7 @@ async fn info_routes() {
         "vllm:num_preemptions_total",
         "tokenmill_step_time_predicted_seconds",
         "tokenmill_step_time_measured_seconds",
+        "tokenmill_step_time_tail_ratio",
         "tokenmill_batch_size",
     ] {
         assert!(

@@ -68,9 +68,10 @@ pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
         std::fs::write(path, serde_json::to_string_pretty(&result.to_json())?)?;
     }
     let step = handle.stats();
+    let t = &step.scheduler.step_time;
     println!(
-        "engine steps: {}  preemptions: {}  step time predicted vs measured: mean abs error {:.2} ms",
-        step.steps, step.scheduler.num_preemptions, step.scheduler.step_time.mean_abs_error_ms
+        "engine steps: {}  preemptions: {}  step time predicted vs measured: mean abs error {:.2} ms, P95 measured/predicted {:.3}",
+        step.steps, step.scheduler.num_preemptions, t.mean_abs_error_ms, t.tail_ratio
     );
     Ok(())
 }
