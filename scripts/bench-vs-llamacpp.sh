@@ -3,14 +3,14 @@
 # and llama-batched-bench (128-token prompts, 128 decode steps, 8 and 32 sequences), same
 # model, same thread count, interleaved rounds (A B A B ...), medians and ratios.
 # Usage: scripts/bench-vs-llamacpp.sh [ROUNDS=5] [THREADS=nproc]
-# Env: MODEL (default: the default model), PEER_SCRIPT (default ../shared/peers/llama-cpp.sh),
+# Env: MODEL (default: the default model), PEER_SCRIPT (default scripts/llama-cpp-peer.sh),
 #      TOKENMILL_BIN (default: build target/release/tokenmill)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
 threads="${2:-$(nproc)}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
-peer_bin="$(bash "${PEER_SCRIPT:-../shared/peers/llama-cpp.sh}")"
+peer_bin="$(bash "${PEER_SCRIPT:-scripts/llama-cpp-peer.sh}")"
 tm="${TOKENMILL_BIN:-}"
 if [ -z "$tm" ]; then
   cargo build --release -q -p tokenmill
