@@ -241,6 +241,9 @@ fn kernel_matches_reference_over_odd_shapes() {
         (256, 40, 128),
         (384, 24, 32),
         (512, 136, 128),
+        // Groups of an odd number of 8-weight steps (the decode kernel's tail step).
+        (48, 16, 24),
+        (72, 8, 72),
     ] {
         for act_order in [false, true] {
             let w = random_gptq(&mut rng, k, n, group, act_order);

@@ -8,7 +8,9 @@
 //! converted to f32 (exact: codes are 0..=15); then one FMA per activation row into that
 //! row's 8-lane accumulator. Each group's accumulators are summed horizontally (the scalar
 //! twin sums its lanes in a different order: results agree within the f32 budget, not bit
-//! for bit).
+//! for bit). Up to 4 activation rows (decode) take [`dot_rows_few`], which keeps its
+//! accumulators in registers with two FMA chains per row and one horizontal sum per weight
+//! row.
 
 use std::arch::x86_64::*;
 
@@ -35,6 +37,14 @@ pub unsafe fn dot_rows_avx2(
     let rows = dst.len() / m;
     debug_assert!(qs.len() == rows * k / 2 && scales.len() == rows * ng && gsum.len() == m * ng);
     debug_assert!(mins.len() == rows * ng && gs.is_multiple_of(8) && k.is_multiple_of(gs));
+    // SAFETY (all four): same contract as this function.
+    match m {
+        1 => return unsafe { dot_rows_few::<1>(qs, scales, mins, k, gs, xs, gsum, dst) },
+        2 => return unsafe { dot_rows_few::<2>(qs, scales, mins, k, gs, xs, gsum, dst) },
+        3 => return unsafe { dot_rows_few::<3>(qs, scales, mins, k, gs, xs, gsum, dst) },
+        4 => return unsafe { dot_rows_few::<4>(qs, scales, mins, k, gs, xs, gsum, dst) },
+        _ => {}
+    }
     let mask = _mm_set1_epi8(0x0F);
     let mut acc = vec![_mm256_setzero_ps(); m];
     for r in 0..rows {
@@ -60,6 +70,78 @@ pub unsafe fn dot_rows_avx2(
             for (t, (o, a)) in out.iter_mut().zip(&acc).enumerate() {
                 *o += scale * hsum(*a) - min * gsum[t * ng + g];
             }
+        }
+    }
+}
+
+/// [`dot_rows_avx2`] for `M ≤ 4` activation rows (decode): everything stays in registers.
+/// Per group, two accumulators per activation row take alternate 8-weight steps (two
+/// independent FMA chains instead of one), and the group's sum is folded into a per-row
+/// vector total with one FMA by the group's scale — one horizontal sum per weight row, not
+/// per group. The `min · gsum` terms are a scalar dot over the groups.
+///
+/// # Safety
+///
+/// As [`dot_rows_avx2`], with `xs.len() == M * k`.
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)] // `t` indexes 3 arrays
+unsafe fn dot_rows_few<const M: usize>(
+    qs: &[u8],
+    scales: &[f32],
+    mins: &[f32],
+    k: usize,
+    gs: usize,
+    xs: &[f32],
+    gsum: &[f32],
+    dst: &mut [f32],
+) {
+    let ng = k / gs;
+    let rows = dst.len() / M;
+    let mask = _mm_set1_epi8(0x0F);
+    let unpack = |row: &[u8], j: usize| {
+        // SAFETY: j + 8 <= k, so bytes j / 2 .. j / 2 + 4 lie inside `row` (k / 2 bytes).
+        let packed = unsafe { (row.as_ptr().add(j / 2) as *const i32).read_unaligned() };
+        let v = _mm_cvtsi32_si128(packed);
+        let lo = _mm_and_si128(v, mask);
+        let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_unpacklo_epi8(lo, hi)))
+    };
+    // SAFETY: t < M and j + 8 <= k, so the 8 floats lie inside `xs` ([M, k]).
+    let x8 = |t: usize, j: usize| unsafe { _mm256_loadu_ps(xs.as_ptr().add(t * k + j)) };
+    for r in 0..rows {
+        let row = &qs[r * k / 2..(r + 1) * k / 2];
+        let mut total = [_mm256_setzero_ps(); M];
+        for g in 0..ng {
+            let mut a = [[_mm256_setzero_ps(); M]; 2];
+            let (start, end) = (g * gs, (g + 1) * gs);
+            let mut j = start;
+            while j + 16 <= end {
+                let (w0, w1) = (unpack(row, j), unpack(row, j + 8));
+                for t in 0..M {
+                    a[0][t] = _mm256_fmadd_ps(w0, x8(t, j), a[0][t]);
+                    a[1][t] = _mm256_fmadd_ps(w1, x8(t, j + 8), a[1][t]);
+                }
+                j += 16;
+            }
+            if j < end {
+                let w0 = unpack(row, j);
+                for t in 0..M {
+                    a[0][t] = _mm256_fmadd_ps(w0, x8(t, j), a[0][t]);
+                }
+            }
+            let scale = _mm256_set1_ps(scales[r * ng + g]);
+            for t in 0..M {
+                total[t] = _mm256_fmadd_ps(scale, _mm256_add_ps(a[0][t], a[1][t]), total[t]);
+            }
+        }
+        let mins = &mins[r * ng..(r + 1) * ng];
+        for t in 0..M {
+            let offset: f32 = mins
+                .iter()
+                .zip(&gsum[t * ng..(t + 1) * ng])
+                .map(|(a, b)| a * b)
+                .sum();
+            dst[r * M + t] = hsum(total[t]) - offset;
         }
     }
 }
