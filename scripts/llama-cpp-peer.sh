@@ -23,7 +23,9 @@ flock 9
 command -v cmake >/dev/null || { apt-get update -qq >&2 && apt-get install -y -qq cmake >&2; }
 if [ ! -d "$src" ]; then
   tmp=$(mktemp -d)
-  # pip only downloads the source distribution; cmake builds it below.
+  # pip only downloads the source distribution (its metadata step needs the build backend);
+  # cmake builds it below.
+  python3 -m pip install -q scikit-build-core >&2
   python3 -m pip download -q --no-deps --no-binary :all: --no-build-isolation -d "$tmp" \
     "llama-cpp-python==$ver" >&2
   tar xzf "$tmp"/llama_cpp_python-"$ver".tar.gz -C "$cache"

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # Runs every test of tokenmill on a fresh machine: fetches the default model and the test
-# dependencies (the `openai` Python client in .venv-test/), checks
+# dependencies (the `openai` Python client in .venv-test/, the llama.cpp peer), checks
 # formatting and lints, then runs the whole workspace's tests (golden tests on the real
 # model included). CI (`.ci/run`) calls this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
 scripts/test-deps.sh >/dev/null   # the official openai client, for the end-to-end tests
+# llama.cpp (built once from PyPI's llama-cpp-python sources into ~/.cache): the quantize tests
+# check that it loads what `tokenmill quantize` writes and agrees with tokenmill.
+LLAMA_CPP_BIN="$(scripts/llama-cpp-peer.sh llama-server llama-quantize)"
+export LLAMA_CPP_BIN TOKENMILL_REQUIRE_PEER=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

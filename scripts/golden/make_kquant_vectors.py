@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Golden vectors for tokenmill's k-quant weight quantizers (Q4_K, Q5_K, Q6_K), from ggml itself.
+"""Golden vectors for tokenmill's k-quant weight quantizers (Q2_K..Q6_K), from ggml itself.
 
 The Python `gguf` package cannot quantize k-quants, so this script calls ggml's reference
-quantizers `quantize_row_q{4,5,6}_K_ref` -- what `llama-quantize` runs without an importance
+quantizers `quantize_row_q{2,3,4,5,6}_K_ref` -- what `llama-quantize` runs without an importance
 matrix -- from the peer llama.cpp build's `libggml-base.so` through ctypes
 (`../shared/peers/llama-cpp.sh` prints the folder; override with LIBGGML_BASE=/path/to/so).
 
@@ -38,7 +38,7 @@ VERSION = 1
 SEED = 20261129
 QK_K = 256
 # name, ggml type id, bytes per 256-element block
-TYPES = [("q4_K", 12, 144), ("q5_K", 13, 176), ("q6_K", 14, 210)]
+TYPES = [("q4_K", 12, 144), ("q5_K", 13, 176), ("q6_K", 14, 210), ("q2_K", 10, 84), ("q3_K", 11, 110)]
 
 
 def libggml() -> ctypes.CDLL:

@@ -1,4 +1,4 @@
-//! Differential test of the k-quant weight quantizers (Q4_K, Q5_K, Q6_K) against ggml's own
+//! Differential test of the k-quant weight quantizers (Q2_K..Q6_K) against ggml's own
 //! `quantize_row_q*_K_ref`, run by `scripts/golden/make_kquant_vectors.py` through the peer
 //! llama.cpp build (file format documented there).
 //!
@@ -49,7 +49,13 @@ fn load(ty: GgmlType) -> Fixture {
     }
 }
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K];
+const TYPES: [GgmlType; 5] = [
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
 
 #[test]
 fn k_quantizers_match_ggml_bytes() {
@@ -78,6 +84,8 @@ fn k_quantizers_match_ggml_bytes() {
 #[test]
 fn k_quant_round_trip_error_budgets() {
     for (ty, budget) in [
+        (GgmlType::Q2_K, 0.45),
+        (GgmlType::Q3_K, 0.25),
         (GgmlType::Q4_K, 0.12),
         (GgmlType::Q5_K, 0.06),
         (GgmlType::Q6_K, 0.03),

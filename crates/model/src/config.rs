@@ -8,7 +8,7 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::attention::AttnShape;
 use tokenmill_kernels::ops::RopeStyle;
 
-use crate::ModelError;
+use crate::{Int4Config, ModelError};
 
 /// The architectures this crate runs, by their GGUF `general.architecture` name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,9 @@ pub struct ModelConfig {
     /// Which RoPE pairing the weights expect: interleaved for Llama GGUFs (Q/K permuted at
     /// conversion), halves (NeoX) for Qwen2 GGUFs and every Hugging Face checkpoint.
     pub rope_style: RopeStyle,
+    /// The AWQ / GPTQ int4 scheme of a Hugging Face checkpoint (`quantization_config`);
+    /// `None` for GGUF files and float checkpoints.
+    pub quantization: Option<Int4Config>,
 }
 
 /// Sizes above these are rejected as corrupt rather than allocated.
@@ -166,6 +169,7 @@ impl ModelConfig {
             rope_dim,
             rope_scaling,
             rope_style: arch.rope_style(),
+            quantization: None,
         })
     }
 

@@ -10,12 +10,13 @@
 //! HF checkpoints keep Q/K unpermuted, so every architecture rotates halves
 //! ([`RopeStyle::NeoX`]) — unlike Llama GGUFs, which were permuted for interleaved pairs.
 //! Sizes are range-checked like the GGUF path so a hostile config cannot allocate absurdly.
+//! `quantization_config` (AWQ / GPTQ int4) is read by [`Int4Config::from_hf`].
 
 use serde_json::Value;
 use tokenmill_kernels::ops::RopeStyle;
 
 use crate::config::{MAX_DIM, MAX_LAYERS};
-use crate::{Arch, ModelConfig, ModelError, RopeScaling};
+use crate::{Arch, Int4Config, ModelConfig, ModelError, RopeScaling};
 
 fn bad(msg: impl Into<String>) -> ModelError {
     ModelError::BadConfig(msg.into())
@@ -120,6 +121,7 @@ impl ModelConfig {
             rope_dim: head_dim,
             rope_scaling,
             rope_style: RopeStyle::NeoX,
+            quantization: Int4Config::from_hf(&cfg)?,
         })
     }
 }

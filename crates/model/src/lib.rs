@@ -9,6 +9,7 @@ mod batch;
 mod config;
 pub mod deepseek;
 mod hf_config;
+mod int4_linear;
 mod kv_cache;
 mod llama;
 mod model;
@@ -19,11 +20,12 @@ mod workspace;
 
 pub use batch::{LogitsWanted, SeqChunk};
 pub use config::{Arch, ModelConfig, RopeScaling};
+pub use int4_linear::{Int4Config, Int4Method, Weight};
 pub use kv_cache::KvCache;
 pub use llama::LlamaModel;
 pub use model::{KvShape, Model, ModelKv};
 pub use profile::{OpKind, OpProfile};
-pub use store::{Linear, TensorRef, WeightStore};
+pub use store::{Linear, RawTensor, TensorRef, WeightStore};
 pub use weights::Naming;
 pub use workspace::Workspace;
 
@@ -41,6 +43,13 @@ pub enum ModelError {
     },
     #[error("tensor '{name}' has dtype {dtype}, which is not supported (F32, F16, BF16)")]
     UnsupportedDtype { name: String, dtype: String },
+    #[error("unsupported quantization: {0}")]
+    UnsupportedQuantization(String),
+    #[error("int4 layer '{name}': {source}")]
+    Int4 {
+        name: String,
+        source: tokenmill_kernels::int4::Int4Error,
+    },
     #[error("unsupported architecture '{0}'")]
     UnsupportedArchitecture(String),
     #[error("missing metadata key '{key}'")]

@@ -19,19 +19,19 @@
 //! however the batch was formed: alone, batched, in prefill chunks or as a decode step.
 //! The RoPE angles are computed once per token per call (`Workspace::rope_cs`) and shared by
 //! every layer and head. With a workspace that has seen the batch shape, a call allocates
-//! nothing.
+//! nothing (for stored weights; AWQ / GPTQ int4 layers run through `int4_linear`, whose
+//! kernel allocates its scratch per call).
 
 use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, RopeAt, attention};
-use tokenmill_kernels::glu::matmul_silu_mul;
-use tokenmill_kernels::matmul::{matmul, matmul_multi};
 use tokenmill_kernels::ops::{
     add_bias, add_in_place, add_rms_norm, rms_norm, rope_cos_sin, rope_with,
 };
 
 use crate::batch::SeqChunk;
+use crate::int4_linear::{matmul_multi, matmul_silu_mul};
 use crate::profile::{OpKind, start, stop};
 use crate::store::WeightStore;
 use crate::weights::{LayerWeights, Weights};
@@ -189,7 +189,7 @@ impl LlamaModel {
         let t = start(&ws.profile);
         let qkv = resize(&mut ws.qkv, n_tok * qkv_dim);
         let f = &self.store;
-        matmul_multi(&ws.xn, &[lw.wq.view(f), lw.wk.view(f), lw.wv.view(f)], qkv);
+        matmul_multi(f, &ws.xn, [&lw.wq, &lw.wk, &lw.wv], qkv);
         if let Some(b) = &lw.qkv_bias {
             add_bias(qkv, b);
         }
@@ -229,7 +229,7 @@ impl LlamaModel {
 
         let t = start(&ws.profile);
         let proj = resize(&mut ws.proj, n_tok * h);
-        matmul(attn, &lw.wo.view(f), proj);
+        lw.wo.matmul(f, attn, proj);
         stop(&mut ws.profile, OpKind::OutProj, t);
         let t = start(&ws.profile);
         add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, cfg.rms_eps, &mut ws.xn);
@@ -245,11 +245,11 @@ impl LlamaModel {
         let t = start(&ws.profile);
         let ffn = resize(&mut ws.ffn, n_tok * f);
         let file = &self.store;
-        matmul_silu_mul(&ws.xn, &lw.w_gate.view(file), &lw.w_up.view(file), ffn);
+        matmul_silu_mul(file, &ws.xn, &lw.w_gate, &lw.w_up, ffn);
         stop(&mut ws.profile, OpKind::FfnGateUp, t);
         let t = start(&ws.profile);
         let proj = resize(&mut ws.proj, n_tok * h);
-        matmul(ffn, &lw.w_down.view(file), proj);
+        lw.w_down.matmul(file, ffn, proj);
         stop(&mut ws.profile, OpKind::FfnDown, t);
         let t = start(&ws.profile);
         match next {
@@ -281,7 +281,7 @@ impl LlamaModel {
             t0 += len;
         }
         let logits = resize(&mut ws.logits, n_rows * vocab);
-        matmul(sel, &self.weights.output.view(&self.store), logits);
+        self.weights.output.matmul(&self.store, sel, logits);
         stop(&mut ws.profile, OpKind::LmHead, t);
         logits
     }

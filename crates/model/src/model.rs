@@ -49,8 +49,9 @@ impl From<DeepSeekModel> for Model {
 }
 
 impl Model {
-    /// A GGUF file, or a Hugging Face folder (DeepSeek V2/V3 by `config.json`'s
-    /// `architectures`, else the Llama family).
+    /// A GGUF file (DeepSeek by `general.architecture = deepseek2`, else the Llama family),
+    /// or a Hugging Face folder (DeepSeek V2/V3 by `config.json`'s `architectures`, else the
+    /// Llama family).
     pub fn open(path: &Path) -> Result<Model, ModelError> {
         if path.is_dir() {
             let cfg = crate::read_config_json(path)?;
@@ -60,8 +61,17 @@ impl Model {
             if arch.starts_with("Deepseek") {
                 return Ok(Model::DeepSeek(DeepSeekModel::load_hf_dir(path)?));
             }
+            return Ok(Model::Llama(LlamaModel::open(path)?));
         }
-        Ok(Model::Llama(LlamaModel::open(path)?))
+        Model::from_gguf(tokenmill_gguf::GgufFile::open(path)?)
+    }
+
+    /// The model of an open GGUF file, by its `general.architecture`.
+    pub fn from_gguf(file: tokenmill_gguf::GgufFile) -> Result<Model, ModelError> {
+        if file.architecture() == Some(crate::deepseek::GGUF_ARCH) {
+            return Ok(Model::DeepSeek(DeepSeekModel::from_gguf(file)?));
+        }
+        Ok(Model::Llama(LlamaModel::load(file)?))
     }
 
     pub fn vocab_size(&self) -> usize {

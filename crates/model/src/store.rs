@@ -9,7 +9,8 @@
 //! same from both formats.
 //!
 //! safetensors element types map to the kernels' float types (F32, F16, BF16); any other
-//! dtype is rejected at load with [`ModelError::UnsupportedDtype`].
+//! dtype is rejected at load with [`ModelError::UnsupportedDtype`]. [`WeightStore::raw`] is
+//! the one way to other dtypes: the raw bytes of a safetensors tensor (int4 checkpoints).
 
 use std::ops::Range;
 use std::path::Path;
@@ -120,6 +121,52 @@ impl WeightStore {
         Ok(Linear { t, rows, cols })
     }
 
+    /// The `n` matrices of `rows × cols` stacked in one 3-D weight `name` of shape
+    /// `[n, rows, cols]` (GGUF `ffn_*_exps`: all experts in one tensor), one [`Linear`] per
+    /// matrix over its own byte range of the tensor — no copy. The ranges lie inside the
+    /// whole tensor, whose bounds the store validated at open.
+    pub fn linear_stack(
+        &self,
+        name: &str,
+        n: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let t = self.get(name)?;
+        check_shape(name, &t, &[n as u64, rows as u64, cols as u64])?;
+        if !cols.is_multiple_of(t.ty.block_size()) {
+            return Err(ModelError::BadConfig(format!(
+                "'{name}': {cols} columns are not whole {:?} blocks",
+                t.ty
+            )));
+        }
+        let bytes = rows * (cols / t.ty.block_size()) * t.ty.type_size();
+        let part = |i: usize| match &t.loc {
+            Loc::Gguf(info) => Loc::Gguf(TensorInfo {
+                name: info.name.clone(),
+                dims: vec![cols as u64, rows as u64],
+                ty: info.ty,
+                offset: info.offset + (i * bytes) as u64,
+                size: bytes as u64,
+            }),
+            Loc::Shard { shard, range } => Loc::Shard {
+                shard: *shard,
+                range: range.start + i * bytes..range.start + (i + 1) * bytes,
+            },
+        };
+        Ok((0..n)
+            .map(|i| Linear {
+                t: TensorRef {
+                    ty: t.ty,
+                    shape: vec![rows as u64, cols as u64],
+                    loc: part(i),
+                },
+                rows,
+                cols,
+            })
+            .collect())
+    }
+
     /// A tensor of exactly `shape`, dequantized to f32 (norms, biases, small tables).
     pub fn dense(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         let t = self.get(name)?;
@@ -144,6 +191,30 @@ impl WeightStore {
             None => Ok(None),
         }
     }
+
+    /// A safetensors tensor of any dtype, as its raw little-endian bytes (the I32 / F16
+    /// tensors of AWQ / GPTQ int4 layers, read by `int4_linear`); `None` when absent or when
+    /// the store is a GGUF file.
+    pub fn raw(&self, name: &str) -> Option<RawTensor<'_>> {
+        let WeightStore::Safetensors(s) = self else {
+            return None;
+        };
+        let (shard, t) = s.tensor(name)?;
+        Some(RawTensor {
+            dtype: t.dtype,
+            shape: &t.shape,
+            data: &s.shards()[shard].bytes()[t.range.clone()],
+        })
+    }
+}
+
+/// A tensor of any dtype in a safetensors store ([`WeightStore::raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct RawTensor<'a> {
+    pub dtype: Dtype,
+    /// Outermost first.
+    pub shape: &'a [u64],
+    pub data: &'a [u8],
 }
 
 fn check_shape(name: &str, t: &TensorRef, want: &[u64]) -> Result<(), ModelError> {

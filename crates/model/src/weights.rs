@@ -11,7 +11,12 @@
 //! one pool job), which works even when their weight types differ but share an activation
 //! format (a Q6_K `attn_v` beside Q4_K `attn_q`/`attn_k` in Q4_K_M files). The Q/K/V biases
 //! are concatenated here (zeros for a missing one) to match the side-by-side Q/K/V output.
+//!
+//! The seven layer matrices are [`Weight`]s: stored matrices, or AWQ / GPTQ int4 matrices
+//! when the checkpoint has `<name>.qweight` (`int4_linear.rs`), and so is the LM head
+//! (GPTQModel can quantize it). Embedding and norms are always stored floats.
 
+use crate::int4_linear::{Weight, has_int4};
 use crate::store::{Linear, WeightStore};
 use crate::{ModelConfig, ModelError};
 
@@ -72,31 +77,33 @@ impl Naming {
 
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub wq: Linear,
-    pub wk: Linear,
-    pub wv: Linear,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
     /// Qwen2's Q/K/V biases side by side, `[q_dim + 2 · kv_dim]` (zeros for a missing one);
     /// `None` when the layer has none.
     pub qkv_bias: Option<Vec<f32>>,
-    pub wo: Linear,
+    pub wo: Weight,
     pub ffn_norm: Vec<f32>,
-    pub w_gate: Linear,
-    pub w_up: Linear,
-    pub w_down: Linear,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
 }
 
 pub struct Weights {
     pub token_embd: Linear,
     pub layers: Vec<LayerWeights>,
     pub output_norm: Vec<f32>,
-    /// `output.weight`, or the token embedding when tied.
-    pub output: Linear,
+    /// `output.weight` (int4 when the checkpoint quantized the LM head too, as GPTQModel's
+    /// `lm_head: true` does), or the token embedding when tied.
+    pub output: Weight,
 }
 
 impl Weights {
     pub fn load(store: &WeightStore, cfg: &ModelConfig) -> Result<Weights, ModelError> {
         let names = Naming::for_store(store);
         let (h, q_dim, kv_dim) = (cfg.hidden, cfg.n_heads * cfg.head_dim, cfg.kv_dim());
+        let quant = cfg.quantization.as_ref();
         let token_embd = store.linear(&names.global("token_embd"), cfg.vocab_size, h)?;
         let mut layers = Vec::with_capacity(cfg.n_layers);
         for i in 0..cfg.n_layers {
@@ -114,23 +121,25 @@ impl Weights {
                     .collect()
             });
             let f = cfg.ffn_hidden;
+            let lin = |s: &str, rows, cols| Weight::load(store, &n(s), rows, cols, quant);
             layers.push(LayerWeights {
                 attn_norm: store.dense(&n("attn_norm"), &[h])?,
-                wq: store.linear(&n("attn_q"), q_dim, h)?,
-                wk: store.linear(&n("attn_k"), kv_dim, h)?,
-                wv: store.linear(&n("attn_v"), kv_dim, h)?,
+                wq: lin("attn_q", q_dim, h)?,
+                wk: lin("attn_k", kv_dim, h)?,
+                wv: lin("attn_v", kv_dim, h)?,
                 qkv_bias,
-                wo: store.linear(&n("attn_output"), h, q_dim)?,
+                wo: lin("attn_output", h, q_dim)?,
                 ffn_norm: store.dense(&n("ffn_norm"), &[h])?,
-                w_gate: store.linear(&n("ffn_gate"), f, h)?,
-                w_up: store.linear(&n("ffn_up"), f, h)?,
-                w_down: store.linear(&n("ffn_down"), h, f)?,
+                w_gate: lin("ffn_gate", f, h)?,
+                w_up: lin("ffn_up", f, h)?,
+                w_down: lin("ffn_down", h, f)?,
             });
         }
         let output_name = names.global("output");
-        let output = match store.find(&output_name)? {
-            Some(_) => store.linear(&output_name, cfg.vocab_size, h)?,
-            None => token_embd.clone(),
+        let output = if store.find(&output_name)?.is_some() || has_int4(store, &output_name) {
+            Weight::load(store, &output_name, cfg.vocab_size, h, quant)?
+        } else {
+            Weight::Stored(token_embd.clone())
         };
         Ok(Weights {
             token_embd,

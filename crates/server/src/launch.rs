@@ -139,10 +139,7 @@ where
     } else {
         let file = open(path)?;
         let tokenizer = Tokenizer::from_gguf(&file)?;
-        (
-            tokenizer,
-            Model::Llama(tokenmill_model::LlamaModel::load(file)?),
-        )
+        (tokenizer, Model::from_gguf(file)?)
     };
     let mut warnings: Vec<String> = tokenizer.warnings().to_vec();
     let mut config = make_config(&model).map_err(|e| LaunchError::Config(e.to_string()))?;

@@ -8,18 +8,21 @@
 //!   then N decode steps of a B-chunk batch — `llama-batched-bench`'s S_TG.
 //!
 //! Each test runs `--repetitions` times and the median is reported. Tokens are pseudo-random
-//! ids, fixed by `--seed`, so no prefix is ever shared.
+//! ids, fixed by `--seed`, so no prefix is ever shared. Any [`Model`] runs; the FLOP and byte
+//! models (GFLOP/s, GB/s) and the op split exist for the Llama family only, so a DeepSeek
+//! model reports time and tok/s with `-` in those columns.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokenmill_model::{
-    KvCache, LlamaModel, LogitsWanted, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
+    LlamaModel, LogitsWanted, Model, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
 };
 
 #[derive(clap::Args, Debug)]
 pub struct BenchModelArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
+    /// GGUF model file or Hugging Face folder (default: SmolLM2-135M-Instruct Q4_1, fetched
+    /// if missing).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt lengths to prefill (pp tests).
@@ -52,23 +55,30 @@ const BLOCK_SIZE: usize = 16;
 struct Outcome {
     tokens: usize,
     time: Duration,
-    flops: f64,
-    bytes: f64,
+    /// `None` where there is no FLOP / byte model (non-Llama architectures).
+    flops: Option<f64>,
+    bytes: Option<f64>,
     ops: OpProfile,
 }
 
 pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     crate::init_threads(args.threads);
     let path = crate::model_path::resolve(args.model.clone())?;
-    let model = LlamaModel::open(&path)?;
-    let cfg = model.config().clone();
-    let weight_bytes = matmul_weight_bytes(&model);
+    let model = Model::open(&path)?;
+    let (n_layers, hidden) = match &model {
+        Model::Llama(m) => (m.config().n_layers, m.config().hidden),
+        Model::DeepSeek(m) => (m.config().n_layers, m.config().hidden),
+    };
+    let weights = match llama(&model) {
+        Some(m) => format!(
+            "{:.1} MiB of matmul weights",
+            matmul_weight_bytes(m) / 1048576.0
+        ),
+        None => "MLA + MoE".to_string(),
+    };
     println!(
-        "model: {} ({} layers, hidden {}, {:.1} MiB of matmul weights), threads: {}",
+        "model: {} ({n_layers} layers, hidden {hidden}, {weights}), threads: {}",
         path.file_name().unwrap_or_default().to_string_lossy(),
-        cfg.n_layers,
-        cfg.hidden,
-        weight_bytes / (1u64 << 20) as f64,
         tokenmill_kernels::pool::global().num_threads(),
     );
     println!(
@@ -110,6 +120,7 @@ fn median(reps: usize, mut f: impl FnMut() -> anyhow::Result<Outcome>) -> Outcom
 fn report(name: &str, o: &Outcome) {
     let secs = o.time.as_secs_f64();
     let total = o.ops.sum().as_secs_f64().max(1e-12);
+    let rate = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v / secs / 1e9));
     let shares: Vec<String> = OpKind::ALL
         .iter()
         .map(|&k| (k, o.ops.total(k).as_secs_f64() / total))
@@ -117,13 +128,13 @@ fn report(name: &str, o: &Outcome) {
         .map(|(k, s)| format!("{} {:.0}%", k.name(), s * 100.0))
         .collect();
     println!(
-        "{:<12} {:>8} {:>10.1} {:>10.1} {:>9.1} {:>8.1}  {}",
+        "{:<12} {:>8} {:>10.1} {:>10.1} {:>9} {:>8}  {}",
         name,
         o.tokens,
         secs * 1e3,
         o.tokens as f64 / secs,
-        o.flops / secs / 1e9,
-        o.bytes / secs / 1e9,
+        rate(o.flops),
+        rate(o.bytes),
         shares.join(", ")
     );
 }
@@ -145,12 +156,20 @@ fn profiled_workspace() -> Workspace {
     ws
 }
 
+/// The Llama-family model, whose FLOP and byte models this benchmark has.
+fn llama(model: &Model) -> Option<&LlamaModel> {
+    match model {
+        Model::Llama(m) => Some(m),
+        Model::DeepSeek(_) => None,
+    }
+}
+
 /// Prefill of one `n`-token prompt.
-fn pp(model: &LlamaModel, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
-    let cfg = model.config();
-    let tokens = random_tokens(rng, n, cfg.vocab_size);
-    let mut kv = KvCache::new(cfg, n.div_ceil(BLOCK_SIZE), BLOCK_SIZE);
-    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+fn pp(model: &Model, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
+    let tokens = random_tokens(rng, n, model.vocab_size());
+    let num_blocks = n.div_ceil(BLOCK_SIZE);
+    let mut kv = model.kv_cache(num_blocks, BLOCK_SIZE);
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
     let mut ws = profiled_workspace();
     let chunk = SeqChunk {
         tokens: &tokens,
@@ -162,8 +181,9 @@ fn pp(model: &LlamaModel, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
     model.forward(&[chunk], &mut kv, &mut ws)?;
     let time = t.elapsed();
     // Attention: each token attends to ~half the prompt on average.
-    let flops = n as f64 * (flops_per_token(cfg) + attn_flops(cfg, n as f64 / 2.0));
-    let bytes = matmul_weight_bytes(model);
+    let flops = llama(model)
+        .map(|m| n as f64 * (flops_per_token(m.config()) + attn_flops(m.config(), n as f64 / 2.0)));
+    let bytes = llama(model).map(matmul_weight_bytes);
     Ok(Outcome {
         tokens: n,
         time,
@@ -176,15 +196,15 @@ fn pp(model: &LlamaModel, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
 /// `b` sequences with `prompt`-token prompts (prefilled untimed), then `steps` decode steps of
 /// the whole batch. `b == 1, prompt == 0` is llama-bench's tg.
 fn bd(
-    model: &LlamaModel,
+    model: &Model,
     b: usize,
     prompt: usize,
     steps: usize,
     rng: &mut u64,
 ) -> anyhow::Result<Outcome> {
-    let cfg = model.config();
+    let vocab = model.vocab_size();
     let per_seq = (prompt + steps).div_ceil(BLOCK_SIZE);
-    let mut kv = KvCache::new(cfg, b * per_seq, BLOCK_SIZE);
+    let mut kv = model.kv_cache(b * per_seq, BLOCK_SIZE);
     let tables: Vec<Vec<u32>> = (0..b)
         .map(|s| {
             (0..per_seq as u32)
@@ -193,11 +213,9 @@ fn bd(
         })
         .collect();
     let mut ws = Workspace::default();
-    let mut last: Vec<u32> = random_tokens(rng, b, cfg.vocab_size);
+    let mut last: Vec<u32> = random_tokens(rng, b, vocab);
     if prompt > 0 {
-        let prompts: Vec<Vec<u32>> = (0..b)
-            .map(|_| random_tokens(rng, prompt, cfg.vocab_size))
-            .collect();
+        let prompts: Vec<Vec<u32>> = (0..b).map(|_| random_tokens(rng, prompt, vocab)).collect();
         let chunks: Vec<SeqChunk> = prompts
             .iter()
             .zip(&tables)
@@ -225,17 +243,18 @@ fn bd(
             })
             .collect();
         let logits = model.forward(&chunks, &mut kv, &mut ws)?;
-        for (s, row) in logits.chunks_exact(cfg.vocab_size).enumerate() {
+        for (s, row) in logits.chunks_exact(vocab).enumerate() {
             last[s] = tokenmill_engine::argmax(row);
         }
     }
     let time = t.elapsed();
     let mean_ctx = prompt as f64 + steps as f64 / 2.0;
     let tokens = b * steps;
-    let flops = tokens as f64 * (flops_per_token(cfg) + attn_flops(cfg, mean_ctx));
+    let flops = llama(model)
+        .map(|m| tokens as f64 * (flops_per_token(m.config()) + attn_flops(m.config(), mean_ctx)));
     // Every step streams all weights once, plus each sequence's K/V so far.
-    let kv_bytes = (2 * cfg.n_layers * cfg.kv_dim() * 4) as f64 * mean_ctx * b as f64;
-    let bytes = steps as f64 * (matmul_weight_bytes(model) + kv_bytes);
+    let kv_bytes = kv.bytes_per_token() as f64 * mean_ctx * b as f64;
+    let bytes = llama(model).map(|m| steps as f64 * (matmul_weight_bytes(m) + kv_bytes));
     Ok(Outcome {
         tokens,
         time,

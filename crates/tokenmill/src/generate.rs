@@ -2,7 +2,8 @@
 //!
 //! Runs the model directly (one sequence, blocks `0..n` of a private KV cache): the prompt is
 //! prefilled as one chunk, then one token per step is sampled, streamed through the
-//! incremental detokenizer, until `--max-tokens` or a stop token.
+//! incremental detokenizer, until `--max-tokens` or a stop token. Any [`Model`] runs: a
+//! Llama-family model over the paged K/V cache or DeepSeek over its latent cache.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,12 +11,13 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tokenmill_engine::{Sampler, SamplingParams};
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{LogitsWanted, Model, SeqChunk};
 use tokenmill_tokenizer::ChatMessage;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
+    /// GGUF model file or Hugging Face folder (default: SmolLM2-135M-Instruct Q4_1, fetched
+    /// if missing).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The prompt text.
@@ -59,8 +61,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     for warning in tokenizer.warnings() {
         eprintln!("warning: {warning}");
     }
-    let model = LlamaModel::open(&path).with_context(|| format!("loading {}", path.display()))?;
-    let cfg = model.config();
+    let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    let context_length = model.context_length();
 
     let prompt_ids = if args.chat {
         let template = tokenizer
@@ -78,18 +80,17 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if prompt_ids.is_empty() {
         bail!("the prompt is empty");
     }
-    if prompt_ids.len() >= cfg.context_length {
+    if prompt_ids.len() >= context_length {
         bail!(
-            "the prompt has {} tokens; the context is {}",
+            "the prompt has {} tokens; the context is {context_length}",
             prompt_ids.len(),
-            cfg.context_length
         );
     }
-    let max_tokens = args.max_tokens.min(cfg.context_length - prompt_ids.len());
-    let n_positions = prompt_ids.len() + max_tokens;
-    let mut kv = KvCache::new(cfg, n_positions.div_ceil(BLOCK_SIZE), BLOCK_SIZE);
-    let block_table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
-    let mut ws = Workspace::default();
+    let max_tokens = args.max_tokens.min(context_length - prompt_ids.len());
+    let num_blocks = (prompt_ids.len() + max_tokens).div_ceil(BLOCK_SIZE);
+    let mut kv = model.kv_cache(num_blocks, BLOCK_SIZE);
+    let block_table: Vec<u32> = (0..num_blocks as u32).collect();
+    let mut ws = model.workspace(prompt_ids.len(), 1);
     let params = SamplingParams {
         temperature: args.temperature,
         top_p: args.top_p,

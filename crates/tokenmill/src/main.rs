@@ -5,10 +5,12 @@ mod bench_engine;
 mod bench_model;
 mod engine_args;
 mod generate;
+mod hf_vocab;
 mod inspect;
 mod model_path;
 mod profile;
 mod quantize;
+mod quantize_hf;
 mod serve;
 
 use std::path::PathBuf;
@@ -50,7 +52,8 @@ enum Command {
     Profile(Box<profile::ProfileArgs>),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
-    /// Quantize an F32/F16/BF16 GGUF model into a quantized GGUF (llama.cpp-compatible).
+    /// Quantize an F32/F16/BF16 GGUF model or a Hugging Face folder into a GGUF
+    /// (llama.cpp-compatible).
     Quantize(quantize::QuantizeArgs),
     /// Serve the model over an OpenAI/vLLM-compatible HTTP API (default 127.0.0.1:8080).
     Serve(Box<serve::ServeArgs>),

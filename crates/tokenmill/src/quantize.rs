@@ -1,5 +1,7 @@
-//! `tokenmill quantize IN OUT --type T`: an F32/F16/BF16 GGUF model to a quantized GGUF that
-//! tokenmill and llama.cpp both load.
+//! `tokenmill quantize IN OUT --type T`: an F32/F16/BF16 GGUF model — or a Hugging Face
+//! folder ([`crate::quantize_hf`]) — to a quantized GGUF that tokenmill and llama.cpp both
+//! load. Targets: `f32`, `f16` (every matrix converted, like llama-quantize's F32/F16 ftypes),
+//! Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K.
 //!
 //! # Which tensor gets which type (llama.cpp's `llama-quantize` conventions)
 //!
@@ -10,10 +12,12 @@
 //!   tied (no `output.weight`) — becomes Q6_K unless the target is Q8_0, and Q8_0 when its
 //!   rows are not a multiple of 256 (`llama_tensor_get_type_impl`'s OUTPUT rule).
 //! * Every other quantizable tensor gets the target type. There are no `_M` mixtures: the
-//!   result equals `llama-quantize --pure` apart from the output rule above.
+//!   result equals `llama-quantize --pure` apart from the output rule above (so `q2_k` is
+//!   llama.cpp's Q2_K without its Q4_K/Q3_K attn_v/ffn_down upgrades, `q3_k` is Q3_K_S-like).
+//!   `f32`/`f16` are pure in llama-quantize too: no output rule.
 //! * A row length that is not a whole number of the chosen type's blocks falls back like
-//!   `tensor_type_fallback`: Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and F16 if even that does
-//!   not fit.
+//!   `tensor_type_fallback`: Q2_K/Q3_K → Q4_0, Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, and F16
+//!   if even that does not fit.
 //!
 //! The metadata is copied in order, with `general.file_type` (llama.cpp's `llama_ftype`: the
 //! `_S` variant for k-quants) and `general.quantization_version = 2` set; tensors keep their
@@ -26,10 +30,11 @@
 //! ([`QuantizeError::Requantize`]), as llama-quantize does without `--allow-requantize`.
 //! Unknown `--type` names are rejected by the argument parser.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::fs::File;
 use std::io::BufWriter;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use tokenmill_gguf::{GgmlType, GgufFile, GgufWriter, TensorInfo, TensorSpec, Value};
@@ -38,6 +43,14 @@ use tokenmill_kernels::quant::{dequantize_row, quantize_row};
 /// The target types `--type` accepts.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QuantType {
+    #[value(name = "f32")]
+    F32,
+    #[value(name = "f16")]
+    F16,
+    #[value(name = "q2_k")]
+    Q2K,
+    #[value(name = "q3_k")]
+    Q3K,
     #[value(name = "q4_0")]
     Q4_0,
     #[value(name = "q4_1")]
@@ -59,6 +72,10 @@ pub enum QuantType {
 impl QuantType {
     pub fn ggml(self) -> GgmlType {
         match self {
+            QuantType::F32 => GgmlType::F32,
+            QuantType::F16 => GgmlType::F16,
+            QuantType::Q2K => GgmlType::Q2_K,
+            QuantType::Q3K => GgmlType::Q3_K,
             QuantType::Q4_0 => GgmlType::Q4_0,
             QuantType::Q4_1 => GgmlType::Q4_1,
             QuantType::Q5_0 => GgmlType::Q5_0,
@@ -73,6 +90,10 @@ impl QuantType {
     /// llama.cpp's `llama_ftype` for a file of mostly this type (`general.file_type`).
     pub fn llama_ftype(self) -> u32 {
         match self {
+            QuantType::F32 => 0,  // ALL_F32
+            QuantType::F16 => 1,  // MOSTLY_F16
+            QuantType::Q2K => 10, // MOSTLY_Q2_K
+            QuantType::Q3K => 11, // MOSTLY_Q3_K_S
             QuantType::Q4_0 => 2,
             QuantType::Q4_1 => 3,
             QuantType::Q8_0 => 7,
@@ -87,7 +108,7 @@ impl QuantType {
 
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
-    /// Source GGUF (F32/F16/BF16 weights).
+    /// Source: a GGUF (F32/F16/BF16 weights) or a Hugging Face folder (Llama, Mistral, Qwen2).
     pub input: PathBuf,
     /// Where to write the quantized GGUF.
     pub output: PathBuf,
@@ -130,13 +151,14 @@ pub fn choose_type(t: &TensorInfo, target: QuantType, tied: bool) -> GgmlType {
     let is_output = t.name == "output.weight" || (tied && t.name == "token_embd.weight");
     let row_len = t.row_len();
     let mut ty = match target {
-        QuantType::Q8_0 => GgmlType::Q8_0,
+        QuantType::F32 | QuantType::F16 | QuantType::Q8_0 => target.ggml(),
         _ if is_output && row_len.is_multiple_of(256) => GgmlType::Q6_K,
         _ if is_output => GgmlType::Q8_0,
         other => other.ggml(),
     };
     if !row_len.is_multiple_of(ty.block_size() as u64) {
         ty = match ty {
+            GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
             GgmlType::Q4_K => GgmlType::Q5_0,
             GgmlType::Q5_K => GgmlType::Q5_1,
             GgmlType::Q6_K => GgmlType::Q8_0,
@@ -231,28 +253,40 @@ pub fn convert(
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
+    let threads = args
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if args.input.is_dir() {
+        return crate::quantize_hf::run(&args.input, &args.output, args.ty, threads);
+    }
     let file =
         GgufFile::open(&args.input).with_context(|| format!("opening {}", args.input.display()))?;
     let specs = plan(&file, args.ty)?;
     let meta = output_metadata(&file, args.ty);
-    let threads = args
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let out = File::create(&args.output)
-        .with_context(|| format!("creating {}", args.output.display()))?;
-    let mut writer = GgufWriter::new(BufWriter::new(out), &meta, &specs)?;
+    let sources = file.tensors();
+    let data = |i: usize| Cow::Borrowed(file.tensor_data(&sources[i]));
+    write_gguf(&args.output, &meta, sources, &specs, data, threads)
+}
+
+/// Writes a GGUF of `meta` and `specs` to `path`; tensor `i` is `data(i)`, a tensor shaped
+/// and typed as `sources[i]`, converted to `specs[i].ty`.
+pub fn write_gguf<'a>(
+    path: &Path,
+    meta: &[(String, Value)],
+    sources: &[TensorInfo],
+    specs: &[TensorSpec],
+    data: impl Fn(usize) -> Cow<'a, [u8]>,
+    threads: usize,
+) -> anyhow::Result<()> {
+    let out = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut writer = GgufWriter::new(BufWriter::new(out), meta, specs)?;
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
-    for (t, spec) in file.tensors().iter().zip(&specs) {
-        let data = convert(
-            file.tensor_data(t),
-            t.ty,
-            spec.ty,
-            t.row_len() as usize,
-            threads,
-        );
-        writer.write_tensor(&data)?;
-        bytes_in += t.size;
-        bytes_out += data.len() as u64;
+    for (i, (t, spec)) in sources.iter().zip(specs).enumerate() {
+        let src = data(i);
+        let out = convert(&src, t.ty, spec.ty, t.row_len() as usize, threads);
+        writer.write_tensor(&out)?;
+        bytes_in += src.len() as u64;
+        bytes_out += out.len() as u64;
         if spec.ty != t.ty {
             eprintln!("{:<40} {:>5} -> {:<5} {:?}", t.name, t.ty, spec.ty, t.dims);
         }
@@ -260,7 +294,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     writer.finish()?;
     eprintln!(
         "wrote {}: {:.2} MiB of tensors -> {:.2} MiB",
-        args.output.display(),
+        path.display(),
         bytes_in as f64 / (1 << 20) as f64,
         bytes_out as f64 / (1 << 20) as f64
     );
@@ -315,6 +349,24 @@ mod tests {
         assert_eq!(choose_type(&w(576), QuantType::Q6K, false), GgmlType::Q8_0);
         assert_eq!(choose_type(&w(48), QuantType::Q4K, false), GgmlType::F16);
         assert_eq!(choose_type(&w(48), QuantType::Q4_1, false), GgmlType::F16);
+        assert_eq!(choose_type(&w(576), QuantType::Q2K, false), GgmlType::Q4_0);
+        assert_eq!(choose_type(&w(576), QuantType::Q3K, false), GgmlType::Q4_0);
+        assert_eq!(choose_type(&w(512), QuantType::Q2K, false), GgmlType::Q2_K);
+        assert_eq!(choose_type(&w(512), QuantType::Q3K, false), GgmlType::Q3_K);
+        assert_eq!(choose_type(&w(48), QuantType::Q3K, false), GgmlType::F16);
+    }
+
+    #[test]
+    fn float_targets_convert_every_matrix_without_the_output_rule() {
+        let f32 = GgmlType::F32;
+        let out = info("output.weight", &[256, 1000], f32);
+        let w = info("blk.0.ffn_up.weight", &[48, 64], GgmlType::BF16);
+        let norm = info("blk.0.ffn_norm.weight", &[48], GgmlType::BF16);
+        for (target, ty) in [(QuantType::F32, f32), (QuantType::F16, GgmlType::F16)] {
+            assert_eq!(choose_type(&out, target, false), ty);
+            assert_eq!(choose_type(&w, target, false), ty);
+            assert_eq!(choose_type(&norm, target, false), GgmlType::BF16);
+        }
     }
 
     #[test]

@@ -32,20 +32,27 @@ use super::blocks::{BlockQ4_K, BlockQ5_K, BlockQ6_K, F16Le, K_SCALE_SIZE, get_sc
 use super::types::QK_K;
 
 /// ggml's `GROUP_MAX_EPS`: a sub-block whose largest magnitude is below this is all zero.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// Round to nearest, ties to even, for `|x| <= 4194303` (ggml's `nearest_int`: add 1.5 * 2^23
 /// and read the mantissa bits).
 #[inline]
-fn nearest_int(x: f32) -> i32 {
+pub(super) fn nearest_int(x: f32) -> i32 {
     let val = x + 12_582_912.0;
     (val.to_bits() as i32 & 0x007f_ffff) - 0x0040_0000
 }
 
+/// One element's error in [`make_qkx2_quants`]: absolute (`use_mad`, Q2_K) or squared.
+#[inline]
+fn error_term(diff: f32, use_mad: bool) -> f32 {
+    if use_mad { diff.abs() } else { diff * diff }
+}
+
 /// Affine quantization of `x` to codes `0..=nmax` with a weighted least-squares search
-/// (ggml's `make_qkx2_quants`). Returns `(scale, -min)`; codes go to `l`.
+/// (ggml's `make_qkx2_quants`; `use_mad` weighs absolute instead of squared errors when
+/// comparing candidates). Returns `(scale, -min)`; codes go to `l`.
 #[allow(clippy::too_many_arguments)]
-fn make_qkx2_quants(
+pub(super) fn make_qkx2_quants(
     nmax: i32,
     x: &[f32],
     weights: &[f32],
@@ -53,6 +60,7 @@ fn make_qkx2_quants(
     rmin: f32,
     rdelta: f32,
     nstep: i32,
+    use_mad: bool,
 ) -> (f32, f32) {
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
@@ -83,7 +91,7 @@ fn make_qkx2_quants(
         let q = nearest_int(iscale * (x[i] - min)).clamp(0, nmax);
         l[i] = q as u8;
         let diff = scale * l[i] as f32 + min - x[i];
-        best_error += weights[i] * (diff * diff);
+        best_error += weights[i] * error_term(diff, use_mad);
     }
     let mut laux = [0u8; 32];
     for is in 0..=nstep {
@@ -108,7 +116,7 @@ fn make_qkx2_quants(
             let mut cur_error = 0.0f32;
             for i in 0..n {
                 let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
+                cur_error += weights[i] * error_term(diff, use_mad);
             }
             if cur_error < best_error {
                 l[..n].copy_from_slice(&laux[..n]);
@@ -204,6 +212,7 @@ fn quantize_affine_superblock(
             rmin,
             0.1,
             nstep,
+            false,
         );
         (scales[j], mins[j]) = (scale, min);
         if scale > max_scale {

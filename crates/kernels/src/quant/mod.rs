@@ -12,8 +12,8 @@
 //! * [`blocks`]: `#[repr(C)]` block types with ggml's byte layouts, alignment 1, viewed in
 //!   place from GGUF bytes by [`cast_blocks`]; decoders that unpack each bit layout.
 //! * [`dequant`]: [`dequantize_row`] for every type, bit-exact with ggml.
-//! * [`quantize`], [`kquants`] and [`q8`]: [`quantize_row`] (float types, Q4_0..Q8_0,
-//!   Q4_K/Q5_K/Q6_K) and the activation quantizers Q8_0 / Q8_1 / Q8_K, byte-exact with ggml.
+//! * [`quantize`], [`kquants`], [`kquants_low`] and [`q8`]: [`quantize_row`] (float types,
+//!   Q4_0..Q8_0, Q2_K..Q6_K) and the activation quantizers Q8_0 / Q8_1 / Q8_K, byte-exact with ggml.
 //! * [`dot`]: integer dot products `vec_dot_<weight>_<activation>`, one per weight type,
 //!   paired by [`GgmlType::vec_dot_type`].
 //! * [`a16`]: tokenmill's 16-bit activation format A16 (not a ggml type), the partner of the
@@ -25,6 +25,7 @@ pub mod blocks;
 pub mod dequant;
 pub mod dot;
 pub mod kquants;
+pub mod kquants_low;
 pub mod q8;
 pub mod quantize;
 pub mod testing;
@@ -46,6 +47,7 @@ pub use dot::{
     vec_dot_q5_0_q8_0, vec_dot_q5_1_q8_1, vec_dot_q5_K_q8_K, vec_dot_q6_K_q8_K, vec_dot_q8_0_q8_0,
 };
 pub use kquants::{quantize_row_q4_K, quantize_row_q5_K, quantize_row_q6_K};
+pub use kquants_low::{quantize_row_q2_K, quantize_row_q3_K};
 pub use q8::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_K};
 pub use quantize::{
     quantize_row, quantize_row_q4_0, quantize_row_q4_1, quantize_row_q5_0, quantize_row_q5_1,

@@ -1,5 +1,6 @@
 //! Reference weight quantizers: f32 to F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1 (and, via
-//! [`super::q8`], Q8_0, Q8_1, Q8_K; via [`super::kquants`], Q4_K, Q5_K, Q6_K).
+//! [`super::q8`], Q8_0, Q8_1, Q8_K; via [`super::kquants`] and [`super::kquants_low`], Q2_K to
+//! Q6_K).
 //!
 //! These reproduce ggml's `quantize_row_*_ref` in `ggml-quants.c`
 //! (<https://github.com/ggml-org/llama.cpp/blob/master/ggml/src/ggml-quants.c>) byte for byte:
@@ -7,8 +8,8 @@
 //! truncated ...), f16 rounding to nearest-even. The Python `gguf` package implements the same
 //! algorithms and `tests/quant_dequant.rs` checks our bytes against its output. They exist for
 //! `tokenmill quantize` and for building random quantized weights in tests; the k-quant weight
-//! quantizers (an iterative scale search) live in [`super::kquants`] (Q2_K and Q3_K are not
-//! ported).
+//! quantizers (an iterative scale search) live in [`super::kquants`] (Q4_K..Q6_K) and
+//! [`super::kquants_low`] (Q2_K, Q3_K).
 //!
 //! Rounding of the 4/5-bit formats is `trunc(x * id + offset)` clamped to the top code, so
 //! the element of largest magnitude maps exactly onto the end of the range (`-8 * d` is `max`
@@ -19,6 +20,7 @@ use half::{bf16, f16};
 
 use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, F16Le, QK, cast_blocks_mut};
 use super::kquants::{quantize_row_q4_K, quantize_row_q5_K, quantize_row_q6_K};
+use super::kquants_low::{quantize_row_q2_K, quantize_row_q3_K};
 use super::q8::{quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_K};
 use super::types::GgmlType;
 
@@ -60,7 +62,8 @@ pub fn quantize_row(ty: GgmlType, src: &[f32], dst: &mut [u8]) {
         GgmlType::Q4_K => quantize_row_q4_K(src, cast_blocks_mut(dst)),
         GgmlType::Q5_K => quantize_row_q5_K(src, cast_blocks_mut(dst)),
         GgmlType::Q6_K => quantize_row_q6_K(src, cast_blocks_mut(dst)),
-        GgmlType::Q2_K | GgmlType::Q3_K => panic!("no reference quantizer for {ty}"),
+        GgmlType::Q2_K => quantize_row_q2_K(src, cast_blocks_mut(dst)),
+        GgmlType::Q3_K => quantize_row_q3_K(src, cast_blocks_mut(dst)),
     }
 }
 
@@ -246,8 +249,17 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "no reference quantizer")]
-    fn q2_k_and_q3_k_have_no_quantizer() {
-        quantize_row(GgmlType::Q3_K, &[0.0; 256], &mut [0u8; 110]);
+    fn q2_k_and_q3_k_dispatch_to_their_quantizers() {
+        let mut rng = crate::quant::testing::SplitMix64::new(5);
+        let x = crate::quant::testing::random_f32_row(&mut rng, 256, 1.0);
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K] {
+            let mut q = vec![0u8; ty.bytes_for(256).unwrap() as usize];
+            quantize_row(ty, &x, &mut q);
+            let mut y = vec![0f32; 256];
+            crate::quant::dequantize_row(ty, &q, &mut y);
+            let se: f32 = x.iter().zip(&y).map(|(a, b)| (a - b) * (a - b)).sum();
+            let norm: f32 = x.iter().map(|a| a * a).sum();
+            assert!((se / norm).sqrt() < 0.45, "{ty}");
+        }
     }
 }

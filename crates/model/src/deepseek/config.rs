@@ -1,5 +1,7 @@
 //! [`DeepSeekConfig`]: the hyper-parameters of a DeepSeek V2/V3 model (MLA + MoE) from a
-//! Hugging Face `config.json` (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`).
+//! Hugging Face `config.json` (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM`); GGUF
+//! `deepseek2.*` keys are read in `gguf.rs`, which maps RoPE back to config.json form so
+//! both go through the one YaRN computation here ([`rope`]).
 //!
 //! RoPE: DeepSeek's YaRN (`rope_type: yarn`) is computed as transformers'
 //! `_compute_yarn_parameters` does — interpolated/extrapolated inverse frequencies blended by
@@ -87,6 +89,26 @@ fn get_f64(cfg: &Value, key: &str) -> Option<f64> {
         .filter(|f| f.is_finite())
 }
 
+/// The expert counts and groups agree (anything goes without routed experts).
+pub(super) fn check_experts(
+    n_routed: usize,
+    per_tok: usize,
+    n_group: usize,
+    topk_group: usize,
+) -> Result<(), ModelError> {
+    if n_routed > 0
+        && (per_tok == 0
+            || per_tok > n_routed
+            || n_group == 0
+            || !n_routed.is_multiple_of(n_group)
+            || topk_group == 0
+            || topk_group > n_group)
+    {
+        return Err(bad("inconsistent expert counts / groups"));
+    }
+    Ok(())
+}
+
 /// YaRN's magnitude correction (`yarn_get_mscale`).
 fn yarn_mscale(scale: f64, mscale: f64) -> f64 {
     if scale <= 1.0 {
@@ -116,15 +138,7 @@ impl DeepSeekConfig {
         let n_experts_per_tok = get_usize(&cfg, "num_experts_per_tok", 1 << 16)?.unwrap_or(0);
         let n_group = get_usize(&cfg, "n_group", 1 << 16)?.unwrap_or(1).max(1);
         let topk_group = get_usize(&cfg, "topk_group", 1 << 16)?.unwrap_or(n_group);
-        if n_routed_experts > 0
-            && (n_experts_per_tok == 0
-                || n_experts_per_tok > n_routed_experts
-                || n_routed_experts % n_group != 0
-                || topk_group == 0
-                || topk_group > n_group)
-        {
-            return Err(bad("inconsistent expert counts / groups"));
-        }
+        check_experts(n_routed_experts, n_experts_per_tok, n_group, topk_group)?;
         let topk_method = cfg.get("topk_method").and_then(Value::as_str);
         let routing = match (v3, topk_method) {
             (true, _) | (false, Some("noaux_tc")) => Routing::Sigmoid,
@@ -206,8 +220,9 @@ impl DeepSeekConfig {
     }
 }
 
-/// `(inv_freq, cos/sin factor, softmax-scale factor)`.
-fn rope(cfg: &Value, dim: usize) -> Result<(Vec<f32>, f32, f32), ModelError> {
+/// `(inv_freq, cos/sin factor, softmax-scale factor)` of a config.json's RoPE parameters
+/// (`rope_parameters`, else `rope_scaling`, else the top-level `rope_theta`).
+pub(super) fn rope(cfg: &Value, dim: usize) -> Result<(Vec<f32>, f32, f32), ModelError> {
     let p = match cfg.get("rope_parameters") {
         Some(p @ Value::Object(_)) => p.clone(),
         _ => cfg.get("rope_scaling").cloned().unwrap_or(Value::Null),

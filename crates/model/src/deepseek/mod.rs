@@ -1,5 +1,7 @@
 //! DeepSeek V2/V3: Multi-head Latent Attention with a latent-only KV cache, and
-//! mixture-of-experts FFNs (`DeepseekV2ForCausalLM`, `DeepseekV3ForCausalLM` HF folders).
+//! mixture-of-experts FFNs, from `DeepseekV2ForCausalLM` / `DeepseekV3ForCausalLM` HF folders
+//! (`weights.rs`) or GGUF files of llama.cpp's `deepseek2` architecture (`gguf.rs`); both
+//! loaders fill the same [`DeepSeekConfig`] and weight structs, so the forward is one.
 //!
 //! Per layer, for all `T` tokens of the batch (`xn = rms_norm(x) · attn_norm`):
 //! ```text
@@ -22,17 +24,20 @@
 //! own sequence, so batching and chunking do not change logits.
 
 mod config;
+mod gguf;
 mod latent_kv;
 mod moe;
 mod weights;
 
 use std::path::Path;
 
+use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::glu::matmul_silu_mul;
 use tokenmill_kernels::matmul::matmul;
 use tokenmill_kernels::ops::rms_norm;
 
 pub use config::{DeepSeekConfig, Routing};
+pub use gguf::ARCH as GGUF_ARCH;
 pub use latent_kv::LatentKvCache;
 pub use moe::route;
 
@@ -61,6 +66,23 @@ impl DeepSeekModel {
             cfg,
             weights,
         })
+    }
+
+    /// The model of a GGUF file of llama.cpp's `deepseek2` architecture ([`GGUF_ARCH`]).
+    pub fn from_gguf(file: GgufFile) -> Result<DeepSeekModel, ModelError> {
+        let cfg = DeepSeekConfig::from_gguf(&file)?;
+        let store = WeightStore::Gguf(file);
+        let weights = gguf::load_weights(&store, &cfg)?;
+        Ok(DeepSeekModel {
+            store,
+            cfg,
+            weights,
+        })
+    }
+
+    /// [`Self::from_gguf`] of the file at `path`.
+    pub fn load_gguf(path: &Path) -> Result<DeepSeekModel, ModelError> {
+        Self::from_gguf(GgufFile::open(path)?)
     }
 
     pub fn config(&self) -> &DeepSeekConfig {

@@ -1,0 +1,189 @@
+//! The llama.cpp peer for the quantize tests: its binaries (`llama-server`, `llama-quantize`)
+//! when built (`scripts/llama-cpp-peer.sh`, which `scripts/test.sh` runs; never built here), a greedy completion
+//! through `llama-server`'s `/completion`, tokenmill's greedy run with its logits, and the
+//! greedy rule that compares the two. A missing peer skips a test with `SKIPPED`, or fails
+//! it when `TOKENMILL_REQUIRE_PEER=1` (CI builds the peer).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+
+/// The peer llama.cpp binary `name`, if built (`scripts/llama-cpp-peer.sh`): from
+/// `LLAMA_CPP_BIN` (a folder) or the peer script's default cache. Never builds it.
+pub fn peer_bin(name: &str) -> Result<PathBuf, String> {
+    let folder = match std::env::var_os("LLAMA_CPP_BIN") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let cache = std::env::var_os("PEER_CACHE")
+                .map(PathBuf::from)
+                .or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(|h| PathBuf::from(h).join(".cache/tokenmill-peers"))
+                })
+                .ok_or("no HOME")?;
+            cache.join("llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
+        }
+    };
+    let bin = folder.join(name);
+    if bin.is_file() {
+        Ok(bin)
+    } else {
+        Err(format!(
+            "{} not found (build it with scripts/llama-cpp-peer.sh llama-server llama-quantize, or set LLAMA_CPP_BIN)",
+            bin.display()
+        ))
+    }
+}
+
+/// One HTTP/1.1 request to 127.0.0.1:`port`; the response body, or `None` if not connected.
+fn http(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let (head, body) = resp.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+/// Kills the child on drop (the test may panic while the server runs).
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// llama.cpp's greedy continuation of `prompt` (token ids) on `model`.
+pub fn llama_cpp_greedy(server: &Path, model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = Child(
+        Command::new(server)
+            .args(["-m", model.to_str().unwrap(), "--port", &port.to_string()])
+            .args(["-c", "256", "-np", "1", "-t", "2", "--no-warmup"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("starting llama-server"),
+    );
+    // Poll /health until the model is loaded (a readiness wait, not a timing assertion).
+    let ready = (0..600).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        http(port, "GET", "/health", "").is_some()
+    });
+    assert!(ready, "llama-server did not become ready");
+    let body = serde_json::json!({
+        "prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1,
+        "return_tokens": true, "cache_prompt": false, "ignore_eos": true,
+    });
+    let resp = http(port, "POST", "/completion", &body.to_string()).expect("completion");
+    let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
+    v["tokens"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tokens in {resp}"))
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The llama.cpp peer, or `None` (test skipped) when it is not built — unless
+/// `TOKENMILL_REQUIRE_PEER=1`, where a missing peer fails the test.
+pub fn peer_or_skip(name: &str) -> Option<PathBuf> {
+    match peer_bin(name) {
+        Ok(s) => Some(s),
+        Err(why) if std::env::var("TOKENMILL_REQUIRE_PEER").as_deref() == Ok("1") => {
+            panic!("TOKENMILL_REQUIRE_PEER=1 but the llama.cpp peer is absent: {why}")
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: the llama.cpp peer is absent: {why}");
+            None
+        }
+    }
+}
+
+/// Standard deviation of one row of logits.
+pub fn row_std(row: &[f32]) -> f32 {
+    let row: Vec<f32> = row.iter().copied().filter(|v| v.is_finite()).collect();
+    let mean = row.iter().sum::<f32>() / row.len() as f32;
+    (row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / row.len() as f32).sqrt()
+}
+
+/// tokenmill's greedy continuation of `prompt` on `model` (a GGUF file or an HF folder) with
+/// the logits of every step. `eos` is masked, as llama-server's `ignore_eos` does (a -inf
+/// logit bias on it).
+pub fn tokenmill_greedy(
+    model: &Path,
+    eos: Option<u32>,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<(u32, Vec<f32>)> {
+    let model = LlamaModel::open(model).unwrap();
+    let vocab = model.config().vocab_size;
+    let mut kv = KvCache::new(model.config(), 16, 16);
+    let table: Vec<u32> = (0..16).collect();
+    let mut ws = Workspace::default();
+    let (mut tokens, mut start, mut out) = (prompt.to_vec(), 0, Vec::new());
+    for _ in 0..n {
+        let c = SeqChunk {
+            tokens: &tokens[start..],
+            start_pos: start,
+            block_table: &table,
+            logits: LogitsWanted::Last,
+        };
+        let mut logits = model.forward(&[c], &mut kv, &mut ws).unwrap()[..vocab].to_vec();
+        if let Some(eos) = eos {
+            logits[eos as usize] = f32::NEG_INFINITY;
+        }
+        let best = (0..vocab)
+            .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+            .unwrap() as u32;
+        start = tokens.len();
+        tokens.push(best);
+        out.push((best, logits));
+    }
+    out
+}
+
+/// The greedy rule between llama.cpp's tokens on a quantized file and tokenmill's fp32
+/// reference (tokens with their logits): identical until a step where the reference's own
+/// logits put llama.cpp's token within `margin` row standard deviations of the reference's
+/// best (a near tie that quantization noise may flip); past that, sequences may differ.
+/// Returns the steps compared before that point.
+pub fn assert_greedy_agreement(
+    reference: &[(u32, Vec<f32>)],
+    theirs: &[u32],
+    margin: f32,
+    what: &str,
+) -> usize {
+    assert_eq!(
+        theirs.len(),
+        reference.len(),
+        "{what}: llama.cpp returned {theirs:?}"
+    );
+    for (i, ((mine, logits), theirs)) in reference.iter().zip(theirs).enumerate() {
+        if mine == theirs {
+            continue;
+        }
+        let gap = logits[*mine as usize] - logits[*theirs as usize];
+        let std = row_std(logits);
+        assert!(
+            gap <= margin * std,
+            "{what}: step {i}: fp32 tokenmill {mine} vs llama.cpp {theirs}: gap {gap} > {margin} x row std {std}"
+        );
+        eprintln!("{what}: diverged at step {i} on a near tie ({gap} <= {margin} x {std})");
+        return i;
+    }
+    reference.len()
+}
