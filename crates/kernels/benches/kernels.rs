@@ -12,8 +12,9 @@
 //!   on one thread so tiers compare like for like; throughput in weight elements.
 //! - `matmul_pool/...`: the same on the global pool (all cores), the product's real path.
 //! - `fused/...`: residual add + RMSNorm, SwiGLU gate/up matmul, Q/K/V as one matmul.
-//! - `attention/...`: decode (1 query per sequence, 1 and 32 sequences) and a 512-token
-//!   prefill over the paged layout.
+//! - `attention/...`: decode (1 query per sequence, 1 and 32 sequences; the latter also over
+//!   30 layers' worth of cache, streamed from memory as in a real decode step) and a
+//!   512-token prefill over the paged layout.
 //!
 //! Benchmarks, not tests: on a shared machine compare interleaved runs, not lone numbers.
 
@@ -158,13 +159,14 @@ fn bench_fused(c: &mut Criterion) {
     g.finish();
 }
 
-/// One attention case: `b` sequences of `ctx` positions, the last `n_q` of them queries.
+/// One attention case: `b` sequences of `ctx` positions, the last `n_q` of them queries;
+/// successive calls take successive copies of the cache out of `layers` (a model's layers:
+/// with many, each call streams its K/V from memory as a decode step does, not from cache).
 fn bench_attention_case(
     c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
-    b: usize,
-    ctx: usize,
-    n_q: usize,
+    (b, ctx, n_q): (usize, usize, usize),
+    layers: usize,
 ) {
     let shape = AttnShape {
         n_heads: 9,
@@ -181,14 +183,17 @@ fn bench_attention_case(
     let len = b * per_seq * layout.block_len();
     let mut rng = SplitMix64::new(13);
     let (kbuf, vbuf) = (
-        random_f32_row(&mut rng, len, 0.5),
-        random_f32_row(&mut rng, len, 0.5),
+        random_f32_row(&mut rng, layers * len, 0.5),
+        random_f32_row(&mut rng, layers * len, 0.5),
     );
-    let kv = PagedKv {
-        k: &kbuf,
-        v: &vbuf,
-        layout,
-    };
+    let kvs: Vec<PagedKv> = (0..layers)
+        .map(|l| PagedKv {
+            k: &kbuf[l * len..(l + 1) * len],
+            v: &vbuf[l * len..(l + 1) * len],
+            layout,
+        })
+        .collect();
+    let mut layer = 0;
     // Interleaved block tables, as sequences that grew side by side get them.
     let tables: Vec<Vec<u32>> = (0..b)
         .map(|s| (0..per_seq).map(|i| (i * b + s) as u32).collect())
@@ -212,12 +217,13 @@ fn bench_attention_case(
     ));
     c.bench_function(name, |bch| {
         bch.iter(|| {
+            layer = (layer + 1) % layers;
             attention_with(
                 global(),
                 kernels(),
                 black_box(&q),
                 q_dim,
-                &kv,
+                &kvs[layer],
                 seqs.as_slice(),
                 &shape,
                 &mut scratch,
@@ -229,9 +235,11 @@ fn bench_attention_case(
 
 fn bench_attention(c: &mut Criterion) {
     let mut g = c.benchmark_group("attention");
-    bench_attention_case(&mut g, "decode_b1_ctx1024", 1, 1024, 1);
-    bench_attention_case(&mut g, "decode_b32_ctx192", 32, 192, 1);
-    bench_attention_case(&mut g, "prefill_512", 1, 512, 512);
+    bench_attention_case(&mut g, "decode_b1_ctx1024", (1, 1024, 1), 1);
+    bench_attention_case(&mut g, "decode_b32_ctx192", (32, 192, 1), 1);
+    // SmolLM2's 30 layers of K/V for 32 sequences (283 MB): the memory-bound batched decode.
+    bench_attention_case(&mut g, "decode_b32_ctx192_30_layers", (32, 192, 1), 30);
+    bench_attention_case(&mut g, "prefill_512", (1, 512, 512), 1);
     g.finish();
 }
 

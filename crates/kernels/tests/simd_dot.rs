@@ -16,7 +16,9 @@
 //! * activation quantizers: byte-identical, ties included;
 //! * tiles (1, 2, 5 weight rows × 1..=4 activation rows, strided output): every output matches
 //!   a one-row call — bit for bit where the accumulation order is the same, else within the
-//!   accumulation budget — and nothing outside the tile is written.
+//!   accumulation budget — and nothing outside the tile is written;
+//! * A16 tiles of 2, 3 and 4 activation rows: a row's bits do not depend on which rows share
+//!   its tile.
 
 use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
 use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
@@ -239,6 +241,73 @@ fn tiles_equal_one_row_calls() {
                                 assert!(out[j * out_stride + i].is_nan());
                             }
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A row of a tile of several activation rows (a batch) must not depend on which rows share
+/// its tile — what keeps a sequence's batched-decode logits independent of the rest of the
+/// batch: the two-, three- and four-row kernels give the same bits, within the accumulation
+/// budget of the scalar reference.
+#[test]
+fn a16_tile_rows_do_not_depend_on_their_group() {
+    let reference = scalar();
+    let mut rng = SplitMix64::new(0xB47C);
+    for k in tiers() {
+        for ty in Q32_TYPES {
+            let kern = k.dot_kernel(ty, ActFormat::A16).unwrap();
+            for nb in [1usize, 19, 48, 129] {
+                let n = nb * 32;
+                let w_rows: Vec<Vec<u8>> =
+                    (0..3).map(|_| random_weight_row(&mut rng, ty, n)).collect();
+                let w_all = w_rows.concat();
+                let a_row = nb * kern.a_block_bytes;
+                let stride = a_row + 5;
+                let mut a = vec![0u8; 4 * stride];
+                for j in 0..4 {
+                    let x = activations(&mut rng, n);
+                    k.quantize_act(ActFormat::A16, &x, &mut a[j * stride..j * stride + a_row]);
+                }
+                // Rows j0..j0 + n_a as one tile: out[j][i] for weight row i.
+                let tile = |j0: usize, n_a: usize| {
+                    let mut out = vec![f32::NAN; n_a * 3];
+                    kern.dot_tile_into(nb, &w_all, 3, &a[j0 * stride..], stride, n_a, &mut out, 3);
+                    out
+                };
+                let four = tile(0, 4);
+                let groups = [tile(0, 2), tile(2, 2), tile(1, 3)];
+                let firsts = [0usize, 2, 1];
+                for (g, j0) in groups.iter().zip(firsts) {
+                    for (jj, row) in g.chunks_exact(3).enumerate() {
+                        let want = &four[(j0 + jj) * 3..(j0 + jj + 1) * 3];
+                        for (i, (&got, &want)) in row.iter().zip(want).enumerate() {
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{} {ty} nb={nb} row {} weight {i}: {got} in a group vs {want} in four",
+                                k.tier(),
+                                j0 + jj
+                            );
+                        }
+                    }
+                }
+                for (j, row) in four.chunks_exact(3).enumerate() {
+                    let a_j = &a[j * stride..j * stride + a_row];
+                    for (i, w_i) in w_rows.iter().enumerate() {
+                        let want = reference.vec_dot(ty, ActFormat::A16, n, w_i, a_j) as f64;
+                        let budget = (nb as f64 + 16.0)
+                            * 2f64.powi(-22)
+                            * magnitude(ty, ActFormat::A16, n, w_i, a_j)
+                            + 1e-30;
+                        let err = (row[i] as f64 - want).abs();
+                        assert!(
+                            err <= budget,
+                            "{} {ty} nb={nb}: {err:e} > {budget:e}",
+                            k.tier()
+                        );
                     }
                 }
             }

@@ -36,12 +36,16 @@ pub(super) fn task<S: AttnSeqs + ?Sized>(ctx: &Ctx<'_, S>, s: usize, g: usize, s
             m.fill(f32::NEG_INFINITY);
             l.fill(0.0);
             acc.fill(0.0);
-            // The segment's K/V (a few 8 KiB tiles) come from memory: request all of them
-            // up front, so their loads overlap each other and the first tiles' compute.
+            // The segment's K/V (a few 8 KiB tiles) come from memory: keep the next tile's
+            // loads in flight while the current one is computed. (Requesting every tile up
+            // front instead stalls on the line fill buffers before any compute starts, and
+            // was ~9% slower at 32 sequences × 192 keys over 30 layers' cache, and no faster
+            // from L2; two tiles ahead was in between.)
+            ctx.kv.prefetch_tile(table, g, tiles.start);
             for tile in tiles.clone() {
-                ctx.kv.prefetch_tile(table, g, tile);
-            }
-            for tile in tiles {
+                if tile + 1 < tiles.end {
+                    ctx.kv.prefetch_tile(table, g, tile + 1);
+                }
                 let nv = (n_ctx - tile * KEY_TILE).min(KEY_TILE);
                 n_valid.fill(nv as u32);
                 let src = ctx.kv.tile(table, g, tile, nv, gather);
