@@ -13,13 +13,16 @@
 //! Broken folders (bits 8, missing tensors, wrong shapes / dtypes, `g_idx` out of range)
 //! must fail to load with a typed error.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{all_logits, floats, greedy, worst_rel};
 use serde_json::Value;
 use tokenmill_kernels::int4::{AwqTensors, Int4Error, Int4Matrix};
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, Model, ModelError, SeqChunk, Workspace};
+use tokenmill_model::{LlamaModel, Model, ModelError};
 use tokenmill_safetensors::{Dtype, SafetensorsFile, serialize};
-use tokenmill_testutil::{argmax, ids};
+use tokenmill_testutil::ids;
 
 const MODELS: [&str; 3] = ["awq", "gptq", "gptq-act-order"];
 /// Relative logit error bar (see the module doc).
@@ -32,37 +35,6 @@ fn dir(name: &str) -> PathBuf {
 fn reference(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir(name).join("reference.json")).unwrap())
         .unwrap()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|row| row.as_array().unwrap().iter())
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect()
-}
-
-/// All-position logits of `tokens` as one sequence in one pass.
-fn all_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = KvCache::new(model.config(), 8, 4);
-    let table: Vec<u32> = (0..8).rev().collect();
-    let mut ws = Workspace::default();
-    let c = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsWanted::All,
-    };
-    model.forward(&[c], &mut kv, &mut ws).unwrap().to_vec()
-}
-
-fn worst_rel(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-        .fold(0f32, f32::max)
 }
 
 #[test]
@@ -85,25 +57,9 @@ fn greedy_matches_dequantized_reference() {
     for name in MODELS {
         let model = LlamaModel::open(&dir(name)).unwrap();
         let fx = reference(name);
-        let mut tokens = ids(&fx["input_ids"]);
         let want = ids(&fx["greedy_ids"]);
-        let vocab = model.config().vocab_size;
-        let mut kv = KvCache::new(model.config(), 8, 4);
-        let table: Vec<u32> = (0..8).collect();
-        let mut ws = Workspace::default();
-        let mut start = 0;
-        for _ in 0..want.len() {
-            let c = SeqChunk {
-                tokens: &tokens[start..],
-                start_pos: start,
-                block_table: &table,
-                logits: LogitsWanted::Last,
-            };
-            let next = argmax(&model.forward(&[c], &mut kv, &mut ws).unwrap()[..vocab]);
-            start = tokens.len();
-            tokens.push(next);
-        }
-        assert_eq!(&tokens[tokens.len() - want.len()..], &want[..], "{name}");
+        let got = greedy(&model, &ids(&fx["input_ids"]), want.len());
+        assert_eq!(got, want, "{name}");
     }
 }
 

@@ -6,10 +6,13 @@
 //! identical, and results must not depend on how the tokens are batched: chunked prefill
 //! and several sequences in one batch give the same logits as one whole-prompt pass.
 
+mod common;
+
+use common::{floats, greedy, logits_chunked, worst_rel};
 use serde_json::Value;
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
-use tokenmill_testutil::{argmax, ids};
+use tokenmill_testutil::ids;
 
 const MODELS: [&str; 4] = ["llama", "llama3-rope", "qwen2", "mistral"];
 
@@ -23,47 +26,13 @@ fn load(name: &str) -> (LlamaModel, Value) {
     )
 }
 
-/// All-position logits of `tokens` as one sequence, prefilled in chunks of `chunk` tokens.
-fn logits_chunked(model: &LlamaModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut kv = KvCache::new(model.config(), 8, 4);
-    let table: Vec<u32> = (0..8).rev().collect(); // blocks out of order, on purpose
-    let mut ws = Workspace::default();
-    let mut out = Vec::new();
-    for (i, part) in tokens.chunks(chunk).enumerate() {
-        let c = SeqChunk {
-            tokens: part,
-            start_pos: i * chunk,
-            block_table: &table,
-            logits: LogitsWanted::All,
-        };
-        out.extend_from_slice(model.forward(&[c], &mut kv, &mut ws).unwrap());
-    }
-    out
-}
-
 #[test]
 fn logits_match_hf_reference() {
     for name in MODELS {
         let (model, fx) = load(name);
         let input = ids(&fx["input_ids"]);
         let got = logits_chunked(&model, &input, input.len());
-        let want: Vec<f32> = fx["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|row| {
-                row.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-            })
-            .collect();
-        assert_eq!(got.len(), want.len(), "{name}");
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0f32, f32::max);
+        let worst = worst_rel(&got, &floats(&fx["logits"]));
         assert!(worst < 1e-4, "{name}: max relative logit error {worst}");
     }
 }
@@ -72,25 +41,9 @@ fn logits_match_hf_reference() {
 fn greedy_matches_hf_reference() {
     for name in MODELS {
         let (model, fx) = load(name);
-        let mut tokens = ids(&fx["input_ids"]);
         let want = ids(&fx["greedy_ids"]);
-        let vocab = model.config().vocab_size;
-        let mut kv = KvCache::new(model.config(), 8, 4);
-        let table: Vec<u32> = (0..8).collect();
-        let mut ws = Workspace::default();
-        let mut start = 0;
-        for _ in 0..want.len() {
-            let c = SeqChunk {
-                tokens: &tokens[start..],
-                start_pos: start,
-                block_table: &table,
-                logits: LogitsWanted::Last,
-            };
-            let next = argmax(&model.forward(&[c], &mut kv, &mut ws).unwrap()[..vocab]);
-            start = tokens.len();
-            tokens.push(next);
-        }
-        assert_eq!(&tokens[tokens.len() - want.len()..], &want[..], "{name}");
+        let got = greedy(&model, &ids(&fx["input_ids"]), want.len());
+        assert_eq!(got, want, "{name}");
     }
 }
 
