@@ -6,10 +6,13 @@
 //! identical, chunked prefill must agree with one pass, and the cache must hold exactly
 //! `n_layers · (kv_lora_rank + qk_rope_head_dim)` f32 values per token.
 
+mod common;
+
+use common::{deepseek_greedy, deepseek_logits_chunked, floats, worst_rel};
 use serde_json::Value;
 use tokenmill_model::deepseek::{DeepSeekModel, Routing};
 use tokenmill_model::{LogitsWanted, SeqChunk};
-use tokenmill_testutil::{argmax, ids};
+use tokenmill_testutil::ids;
 
 fn load(name: &str) -> (DeepSeekModel, Value) {
     let dir = tokenmill_testutil::fixtures_dir("deepseek").join(name);
@@ -18,23 +21,6 @@ fn load(name: &str) -> (DeepSeekModel, Value) {
         DeepSeekModel::load_hf_dir(&dir).unwrap(),
         serde_json::from_str(&fx).unwrap(),
     )
-}
-
-/// All-position logits of `tokens`, prefilled in chunks of `chunk` tokens.
-fn logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut kv = model.kv_cache(8, 4);
-    let table: Vec<u32> = (0..8).rev().collect();
-    let mut out = Vec::new();
-    for (i, part) in tokens.chunks(chunk).enumerate() {
-        let c = SeqChunk {
-            tokens: part,
-            start_pos: i * chunk,
-            block_table: &table,
-            logits: LogitsWanted::All,
-        };
-        out.extend(model.forward(&[c], &mut kv).unwrap());
-    }
-    out
 }
 
 #[test]
@@ -65,24 +51,8 @@ fn configs_are_read() {
 fn logits_match_hf_reference() {
     for name in ["v2", "v3"] {
         let (model, fx) = load(name);
-        let got = logits_chunked(&model, &ids(&fx["input_ids"]), 64);
-        let want: Vec<f32> = fx["logits"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|r| {
-                r.as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|v| v.as_f64().unwrap() as f32)
-            })
-            .collect();
-        assert_eq!(got.len(), want.len());
-        let worst = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-            .fold(0f32, f32::max);
+        let got = deepseek_logits_chunked(&model, &ids(&fx["input_ids"]), 64);
+        let worst = worst_rel(&got, &floats(&fx["logits"]));
         assert!(worst < 1e-4, "{name}: max relative logit error {worst}");
     }
 }
@@ -91,23 +61,9 @@ fn logits_match_hf_reference() {
 fn greedy_matches_hf_reference() {
     for name in ["v2", "v3"] {
         let (model, fx) = load(name);
-        let mut tokens = ids(&fx["input_ids"]);
         let want = ids(&fx["greedy_ids"]);
-        let mut kv = model.kv_cache(8, 4);
-        let table: Vec<u32> = (0..8).collect();
-        let mut start = 0;
-        for _ in 0..want.len() {
-            let c = SeqChunk {
-                tokens: &tokens[start..],
-                start_pos: start,
-                block_table: &table,
-                logits: LogitsWanted::Last,
-            };
-            let next = argmax(&model.forward(&[c], &mut kv).unwrap());
-            start = tokens.len();
-            tokens.push(next);
-        }
-        assert_eq!(&tokens[tokens.len() - want.len()..], &want[..], "{name}");
+        let got = deepseek_greedy(&model, &ids(&fx["input_ids"]), want.len());
+        assert_eq!(got, want, "{name}");
     }
 }
 
@@ -115,9 +71,9 @@ fn greedy_matches_hf_reference() {
 fn chunked_prefill_matches_whole_prompt() {
     let (model, fx) = load("v2");
     let input = ids(&fx["input_ids"]);
-    let whole = logits_chunked(&model, &input, input.len());
+    let whole = deepseek_logits_chunked(&model, &input, input.len());
     for chunk in [1, 3, 5] {
-        let parts = logits_chunked(&model, &input, chunk);
+        let parts = deepseek_logits_chunked(&model, &input, chunk);
         let worst = whole
             .iter()
             .zip(&parts)

@@ -8,13 +8,16 @@
 //! `attn_kv_b` form must load too; and damaged files (a missing key or tensor, a mis-shaped
 //! tensor, a key of the wrong type) must give typed errors, not panics.
 
+mod common;
+
 use std::path::PathBuf;
 
+use common::{deepseek_greedy, deepseek_logits_chunked, floats, worst_rel};
 use serde_json::Value as Json;
 use tokenmill_gguf::{Array, GgufFile, GgufWriter, TensorInfo, TensorSpec, Value};
 use tokenmill_model::deepseek::{DeepSeekConfig, DeepSeekModel, GGUF_ARCH, Routing};
-use tokenmill_model::{KvShape, LogitsWanted, Model, ModelError, SeqChunk, WeightStore};
-use tokenmill_testutil::{argmax, ids};
+use tokenmill_model::{KvShape, Model, ModelError, WeightStore};
+use tokenmill_testutil::ids;
 use tokenmill_tokenizer::{GgufVocab, Tokenizer, TokenizerError};
 
 fn dir(name: &str) -> PathBuf {
@@ -28,41 +31,6 @@ fn gguf_path(name: &str) -> PathBuf {
 fn reference(name: &str) -> Json {
     serde_json::from_str(&std::fs::read_to_string(dir(name).join("reference.json")).unwrap())
         .unwrap()
-}
-
-/// All-position logits of `tokens` in one chunk.
-fn logits(model: &DeepSeekModel, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = model.kv_cache(8, 4);
-    let table: Vec<u32> = (0..8).rev().collect();
-    let c = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsWanted::All,
-    };
-    model.forward(&[c], &mut kv).unwrap()
-}
-
-fn max_rel_err(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    got.iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs() / (1.0 + b.abs()))
-        .fold(0f32, f32::max)
-}
-
-fn reference_logits(fx: &Json) -> Vec<f32> {
-    fx["logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|r| {
-            r.as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap() as f32)
-        })
-        .collect()
 }
 
 #[test]
@@ -166,12 +134,16 @@ fn logits_match_hf_reference_and_hf_folder() {
         let fx = reference(name);
         let input = ids(&fx["input_ids"]);
         let gguf = DeepSeekModel::load_gguf(&gguf_path(name)).unwrap();
-        let got = logits(&gguf, &input);
-        let worst = max_rel_err(&got, &reference_logits(&fx));
+        let got = deepseek_logits_chunked(&gguf, &input, input.len());
+        let worst = worst_rel(&got, &floats(&fx["logits"]));
         assert!(worst < 1e-4, "{name}: max relative logit error {worst}");
         // Same f32 weights and forward as the HF folder: the same logits.
-        let hf = logits(&DeepSeekModel::load_hf_dir(&dir(name)).unwrap(), &input);
-        let diff = max_rel_err(&got, &hf);
+        let hf = deepseek_logits_chunked(
+            &DeepSeekModel::load_hf_dir(&dir(name)).unwrap(),
+            &input,
+            input.len(),
+        );
+        let diff = worst_rel(&got, &hf);
         assert!(diff < 1e-6, "{name}: GGUF vs HF folder differ by {diff}");
     }
 }
@@ -181,23 +153,9 @@ fn greedy_matches_hf_reference() {
     for name in ["v2", "v3"] {
         let fx = reference(name);
         let model = DeepSeekModel::load_gguf(&gguf_path(name)).unwrap();
-        let mut tokens = ids(&fx["input_ids"]);
         let want = ids(&fx["greedy_ids"]);
-        let mut kv = model.kv_cache(8, 4);
-        let table: Vec<u32> = (0..8).collect();
-        let mut start = 0;
-        for _ in 0..want.len() {
-            let c = SeqChunk {
-                tokens: &tokens[start..],
-                start_pos: start,
-                block_table: &table,
-                logits: LogitsWanted::Last,
-            };
-            let next = argmax(&model.forward(&[c], &mut kv).unwrap());
-            start = tokens.len();
-            tokens.push(next);
-        }
-        assert_eq!(&tokens[tokens.len() - want.len()..], &want[..], "{name}");
+        let got = deepseek_greedy(&model, &ids(&fx["input_ids"]), want.len());
+        assert_eq!(got, want, "{name}");
     }
 }
 
@@ -379,10 +337,9 @@ fn legacy_whole_kv_b_loads_too() {
     assert!(file.tensor("blk.1.attn_k_b.weight").is_none());
     let model = DeepSeekModel::from_gguf(file).unwrap();
     let fx = reference("v2");
-    let worst = max_rel_err(
-        &logits(&model, &ids(&fx["input_ids"])),
-        &reference_logits(&fx),
-    );
+    let input = ids(&fx["input_ids"]);
+    let got = deepseek_logits_chunked(&model, &input, input.len());
+    let worst = worst_rel(&got, &floats(&fx["logits"]));
     assert!(
         worst < 1e-4,
         "legacy attn_kv_b: max relative logit error {worst}"

@@ -1,10 +1,12 @@
-//! Helpers shared by the Llama-family golden tests (`tiny_models.rs`, `hf_models.rs`,
-//! `int4_models.rs`): reading reference logits, the error measure they are held to, and
-//! running a model over one sequence — all positions (in prefill chunks) or greedily.
+//! Helpers shared by the golden tests (`tiny_models.rs`, `hf_models.rs`, `int4_models.rs`,
+//! `deepseek.rs`, `deepseek_gguf.rs`): reading reference logits, the error measure they are
+//! held to, and running a model over one sequence — all positions (in prefill chunks) or
+//! greedily.
 //! Each test binary uses a subset, hence `dead_code` is allowed.
 #![allow(dead_code)]
 
 use serde_json::Value;
+use tokenmill_model::deepseek::DeepSeekModel;
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
 use tokenmill_testutil::argmax;
 
@@ -28,11 +30,14 @@ pub fn worst_rel(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// All-position logits of `tokens` as one sequence, prefilled in chunks of `chunk` tokens
-/// (KV blocks used out of order, on purpose).
-pub fn logits_chunked(model: &LlamaModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut kv = KvCache::new(model.config(), 8, 4);
+/// (KV blocks used out of order, on purpose); `forward` runs one chunk and appends its
+/// logits.
+pub fn logits_chunked_by(
+    tokens: &[u32],
+    chunk: usize,
+    mut forward: impl FnMut(SeqChunk<'_>, &mut Vec<f32>),
+) -> Vec<f32> {
     let table: Vec<u32> = (0..8).rev().collect();
-    let mut ws = Workspace::default();
     let mut out = Vec::new();
     for (i, part) in tokens.chunks(chunk).enumerate() {
         let c = SeqChunk {
@@ -41,22 +46,15 @@ pub fn logits_chunked(model: &LlamaModel, tokens: &[u32], chunk: usize) -> Vec<f
             block_table: &table,
             logits: LogitsWanted::All,
         };
-        out.extend_from_slice(model.forward(&[c], &mut kv, &mut ws).unwrap());
+        forward(c, &mut out);
     }
     out
 }
 
-/// All-position logits of `tokens` in one pass.
-pub fn all_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
-    logits_chunked(model, tokens, tokens.len())
-}
-
-/// The `n` tokens greedy decoding appends to `prompt`, one decode step per token.
-pub fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let vocab = model.config().vocab_size;
-    let mut kv = KvCache::new(model.config(), 8, 4);
+/// The `n` tokens greedy decoding appends to `prompt`, one decode step per token; `next`
+/// runs one chunk and returns the argmax of its last logits.
+pub fn greedy_by(prompt: &[u32], n: usize, mut next: impl FnMut(SeqChunk<'_>) -> u32) -> Vec<u32> {
     let table: Vec<u32> = (0..8).collect();
-    let mut ws = Workspace::default();
     let mut tokens = prompt.to_vec();
     let mut start = 0;
     for _ in 0..n {
@@ -66,9 +64,49 @@ pub fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
             block_table: &table,
             logits: LogitsWanted::Last,
         };
-        let next = argmax(&model.forward(&[c], &mut kv, &mut ws).unwrap()[..vocab]);
+        let token = next(c);
         start = tokens.len();
-        tokens.push(next);
+        tokens.push(token);
     }
     tokens.split_off(prompt.len())
+}
+
+/// [`logits_chunked_by`] for a Llama-family model (8 KV blocks of 4 positions).
+pub fn logits_chunked(model: &LlamaModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut kv = KvCache::new(model.config(), 8, 4);
+    let mut ws = Workspace::default();
+    logits_chunked_by(tokens, chunk, |c, out| {
+        out.extend_from_slice(model.forward(&[c], &mut kv, &mut ws).unwrap())
+    })
+}
+
+/// All-position logits of `tokens` in one pass.
+pub fn all_logits(model: &LlamaModel, tokens: &[u32]) -> Vec<f32> {
+    logits_chunked(model, tokens, tokens.len())
+}
+
+/// [`greedy_by`] for a Llama-family model.
+pub fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let vocab = model.config().vocab_size;
+    let mut kv = KvCache::new(model.config(), 8, 4);
+    let mut ws = Workspace::default();
+    greedy_by(prompt, n, |c| {
+        argmax(&model.forward(&[c], &mut kv, &mut ws).unwrap()[..vocab])
+    })
+}
+
+/// [`logits_chunked_by`] for a DeepSeek model (8 latent KV blocks of 4 positions).
+pub fn deepseek_logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut kv = model.kv_cache(8, 4);
+    logits_chunked_by(tokens, chunk, |c, out| {
+        out.extend(model.forward(&[c], &mut kv).unwrap())
+    })
+}
+
+/// [`greedy_by`] for a DeepSeek model.
+pub fn deepseek_greedy(model: &DeepSeekModel, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut kv = model.kv_cache(8, 4);
+    greedy_by(prompt, n, |c| {
+        argmax(&model.forward(&[c], &mut kv).unwrap())
+    })
 }
