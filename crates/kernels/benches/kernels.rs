@@ -52,12 +52,7 @@ fn weights(rng: &mut SplitMix64, ty: GgmlType, rows: usize, cols: usize) -> Vec<
 }
 
 fn matrix(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> QMatrix<'_> {
-    QMatrix {
-        ty,
-        rows,
-        cols,
-        data,
-    }
+    QMatrix::new(ty, rows, cols, data)
 }
 
 fn bench_matmul(c: &mut Criterion) {

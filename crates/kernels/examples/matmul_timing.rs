@@ -3,17 +3,18 @@
 //! an assertion — a quick look at one tier and pool size:
 //!
 //! ```text
-//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier]
+//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout]
 //! ```
 //!
-//! `tier` is `scalar`, `avx2`, `avx-vnni` or `avx512-vnni` (default: the best supported).
+//! `tier` is `scalar`, `avx2`, `avx-vnni` or `avx512-vnni` (default: the best supported);
+//! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`.
 //! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
 //! token, and multiply-adds per second.
 
 use std::time::Instant;
 
 use tokenmill_kernels::dispatch::{Kernels, Tier};
-use tokenmill_kernels::matmul::{QMatrix, matmul_with};
+use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, matmul_with};
 use tokenmill_kernels::pool::ThreadPool;
 use tokenmill_kernels::quant::GgmlType;
 use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
@@ -30,6 +31,7 @@ fn main() {
         None => Tier::best(),
     };
     let kernels = Kernels::new(tier).expect("a tier this CPU supports");
+    let rows16 = args.get(4).is_none_or(|l| l == "rows16");
     let pool = ThreadPool::new(threads);
     let mut rng = SplitMix64::new(1);
     for (ty, n, k) in [
@@ -43,12 +45,9 @@ fn main() {
             .collect();
         let x = random_f32_row(&mut rng, tokens * k, 1.0);
         let mut out = vec![0f32; tokens * n];
-        let m = QMatrix {
-            ty,
-            rows: n,
-            cols: k,
-            data: &w,
-        };
+        let ggml = QMatrix::new(ty, n, k, &w);
+        let packed = PackedMatrix::pack(&ggml).filter(|_| rows16);
+        let m = packed.as_ref().map_or(ggml, |p| p.view());
         let macs = (n * k * tokens) as f64;
         let reps = ((2e8 / macs) as usize).max(2);
         matmul_with(&pool, &kernels, &x, &m, &mut out);
@@ -61,7 +60,8 @@ fn main() {
             best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
         }
         println!(
-            "{tier} {threads} threads, {tokens} tokens, {ty} {n}x{k}: {:9.1} µs {:6.2} ns/block {:6.1} GMAC/s",
+            "{tier} {:?} {threads} threads, {tokens} tokens, {ty} {n}x{k}: {:9.1} µs {:6.2} ns/block {:6.1} GMAC/s",
+            m.layout,
             best * 1e6,
             best * 1e9 / (macs / 32.0),
             macs / best / 1e9

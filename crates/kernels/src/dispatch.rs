@@ -25,9 +25,11 @@
 
 use std::sync::OnceLock;
 
+use crate::matmul::{Layout, QMatrix};
 use crate::quant::GgmlType;
+use crate::quant::rows16::GROUP;
 use crate::simd::attn::{AttnMergeFn, AttnTile, AttnTileFn};
-use crate::simd::{MAX_ROWS, TierFns, scalar};
+use crate::simd::{MAX_ROWS, MAX_ROWS_16, TierFns, scalar};
 
 /// A kernel tier, from the most portable to the fastest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -205,16 +207,29 @@ pub struct DotKernel {
     pub act: ActFormat,
     /// Bytes per activation block.
     pub a_block_bytes: usize,
+    /// The weight layout the kernel reads.
+    pub layout: Layout,
+    /// Most activation rows per tile call ([`MAX_ROWS`], or [`MAX_ROWS_16`] for Rows16).
+    pub max_rows: usize,
     quantize: crate::simd::QuantizeFn,
 }
 
 impl DotKernel {
-    /// Checks the read side of a tile: `n_w` contiguous weight rows of `nb` blocks in `w`,
-    /// `n_a` activation rows of `nb` blocks at stride `a_stride` in `a`.
+    /// Checks the read side of a tile: `n_w` contiguous weight rows of `nb` blocks in `w`
+    /// (whole groups for Rows16), `n_a` activation rows of `nb` blocks at stride `a_stride`
+    /// in `a`.
     #[inline]
     fn check_inputs(&self, nb: usize, w: &[u8], n_w: usize, a: &[u8], a_stride: usize, n_a: usize) {
-        assert!((1..=MAX_ROWS).contains(&n_a), "{n_a} activation rows");
-        assert_eq!(w.len(), n_w * nb * self.w_block_bytes, "weight rows bytes");
+        assert!((1..=self.max_rows).contains(&n_a), "{n_a} activation rows");
+        let stored = match self.layout {
+            Layout::Ggml => n_w,
+            Layout::Rows16 => n_w.div_ceil(GROUP) * GROUP,
+        };
+        assert_eq!(
+            w.len(),
+            stored * nb * self.w_block_bytes,
+            "weight rows bytes"
+        );
         assert!(
             a_stride >= nb * self.a_block_bytes
                 && a.len() >= (n_a - 1) * a_stride + nb * self.a_block_bytes,
@@ -247,10 +262,14 @@ impl DotKernel {
         out_stride: usize,
     ) {
         self.check_inputs(nb, w, n_w, a, a_stride, n_a);
+        let rows_per_stride = match self.layout {
+            Layout::Ggml => 1,
+            Layout::Rows16 => GROUP,
+        };
         let tile = crate::simd::Tile {
             nb,
             w: w.as_ptr(),
-            w_stride: nb * self.w_block_bytes,
+            w_stride: rows_per_stride * nb * self.w_block_bytes,
             n_w,
             a: a.as_ptr(),
             a_stride,
@@ -386,8 +405,28 @@ impl Kernels {
             w_block_bytes: ty.type_size(),
             act,
             a_block_bytes: act.block_bytes(),
+            layout: Layout::Ggml,
+            max_rows: MAX_ROWS,
             quantize: self.quantizer(act),
         })
+    }
+
+    /// The kernel `matmul` runs for `w`: by its type and [`Layout`] (Rows16 weights take the
+    /// Rows16 kernels, against A16), or `None` for float weights.
+    pub fn matmul_kernel_for(&self, w: &QMatrix<'_>) -> Option<DotKernel> {
+        match w.layout {
+            Layout::Ggml => self.matmul_kernel(w.ty),
+            Layout::Rows16 => Some(DotKernel {
+                f: self.fns.dots_rows16[w.ty as usize]?,
+                block_size: w.ty.block_size(),
+                w_block_bytes: w.ty.type_size(),
+                act: ActFormat::A16,
+                a_block_bytes: ActFormat::A16.block_bytes(),
+                layout: Layout::Rows16,
+                max_rows: MAX_ROWS_16,
+                quantize: self.quantizer(ActFormat::A16),
+            }),
+        }
     }
 
     /// The kernel `matmul` uses for weight type `ty` (activation format

@@ -3,7 +3,7 @@
 //!
 //! Fused path (gate and up quantized, same activation format — every real model): the
 //! activations are quantized once ([`crate::matmul`]'s buffer); each task owns a range of the
-//! `ffn_hidden` outputs and, per tile of rows and group of up to [`MAX_ROWS`] tokens, computes
+//! `ffn_hidden` outputs and, per tile of rows and group of up to the kernel's `max_rows` tokens, computes
 //! the gate tile and the up tile into a small stack buffer with the tier's dot kernels, then
 //! writes `silu(g) · u` straight into `out`. The `[T, 2 · ffn_hidden]` gate/up intermediate
 //! never reaches memory, and each weight tile is read while its partner is still in cache.
@@ -17,9 +17,9 @@ use std::cell::RefCell;
 use crate::dispatch::{Kernels, kernels};
 use crate::matmul::{QMatrix, matmul_with, with_quantized};
 use crate::pool::{SyncPtr, ThreadPool, global};
-use crate::simd::MAX_ROWS;
+use crate::simd::MAX_ROWS_16;
 
-/// Most rows of a fused tile (the stack buffers hold `MAX_ROWS × TILE_ROWS` outputs each).
+/// Most rows of a fused tile (the stack buffers hold `MAX_ROWS_16 × TILE_ROWS` outputs each).
 const TILE_ROWS: usize = 64;
 /// Target bytes of gate + up weight rows per tile (fits L1 alongside the activations).
 const TILE_BYTES: usize = 16 * 1024;
@@ -52,40 +52,49 @@ pub fn matmul_silu_mul_with(
     assert!(up.rows == n && up.cols == k, "gate and up shapes differ");
     let n_tokens = x.len().checked_div(k).unwrap_or(0);
     assert_eq!(out.len(), n_tokens * n, "out is not [{n_tokens}, {n}]");
-    let kern = (kernels.matmul_kernel(gate.ty), kernels.matmul_kernel(up.ty));
+    let kern = (
+        kernels.matmul_kernel_for(gate),
+        kernels.matmul_kernel_for(up),
+    );
     let (Some(kg), Some(ku)) = kern else {
         return unfused(pool, kernels, x, gate, up, out);
     };
-    if kg.act != ku.act || k == 0 || n_tokens == 0 {
+    if kg.act != ku.act || gate.row_align() != up.row_align() || k == 0 || n_tokens == 0 {
         return unfused(pool, kernels, x, gate, up, out);
     }
     assert_eq!(x.len(), n_tokens * k, "x is not whole rows of {k}");
     assert!(k.is_multiple_of(kg.block_size));
-    assert!(gate.data.len() >= n * gate.row_bytes() && up.data.len() >= n * up.row_bytes());
+    assert!(
+        gate.data.len() >= gate.stored_rows() * gate.row_bytes()
+            && up.data.len() >= up.stored_rows() * up.row_bytes()
+    );
     let (gb, ub) = (gate.row_bytes(), up.row_bytes());
     let threads = pool.num_threads();
+    let align = gate.row_align();
     let chunk = if threads <= 1 {
         n
     } else {
         n.div_ceil(threads * CHUNKS_PER_THREAD).max(16)
     };
-    let tile = (TILE_BYTES / (gb + ub).max(1)).clamp(1, TILE_ROWS);
+    let chunk = chunk.next_multiple_of(align);
+    let tile = (TILE_BYTES / (gb + ub).max(1)).next_multiple_of(align);
+    let tile = tile.clamp(1, TILE_ROWS);
+    let max_rows = kg.max_rows.min(ku.max_rows);
     let nb = k / kg.block_size;
     let out_ptr = SyncPtr(out.as_mut_ptr());
     with_quantized(pool, &kg, x, k, |act, a_row| {
         pool.parallel_for(n.div_ceil(chunk), |task| {
             let r0 = task * chunk;
             let r1 = n.min(r0 + chunk);
-            let mut g = [[0f32; TILE_ROWS]; MAX_ROWS];
-            let mut u = [[0f32; TILE_ROWS]; MAX_ROWS];
+            let mut g = [[0f32; TILE_ROWS]; MAX_ROWS_16];
+            let mut u = [[0f32; TILE_ROWS]; MAX_ROWS_16];
             let mut tile0 = r0;
             while tile0 < r1 {
                 let tile1 = r1.min(tile0 + tile);
                 let nt = tile1 - tile0;
-                let wg = &gate.data[tile0 * gb..tile1 * gb];
-                let wu = &up.data[tile0 * ub..tile1 * ub];
-                for t0 in (0..n_tokens).step_by(MAX_ROWS) {
-                    let na = MAX_ROWS.min(n_tokens - t0);
+                let (wg, wu) = (gate.rows_bytes(tile0, tile1), up.rows_bytes(tile0, tile1));
+                for t0 in (0..n_tokens).step_by(max_rows) {
+                    let na = max_rows.min(n_tokens - t0);
                     let a = &act[t0 * a_row..];
                     kg.dot_tile_into(nb, wg, nt, a, a_row, na, g.as_flattened_mut(), TILE_ROWS);
                     ku.dot_tile_into(nb, wu, nt, a, a_row, na, u.as_flattened_mut(), TILE_ROWS);
@@ -156,18 +165,8 @@ mod tests {
             let k = if ty.block_size() == 256 { 512 } else { 96 };
             for (n_tok, n) in [(1, 7), (3, 100), (9, 257)] {
                 let (wg, wu) = (weights(&mut rng, ty, n, k), weights(&mut rng, ty, n, k));
-                let gate = QMatrix {
-                    ty,
-                    rows: n,
-                    cols: k,
-                    data: &wg,
-                };
-                let up = QMatrix {
-                    ty,
-                    rows: n,
-                    cols: k,
-                    data: &wu,
-                };
+                let gate = QMatrix::new(ty, n, k, &wg);
+                let up = QMatrix::new(ty, n, k, &wu);
                 let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
                 for tier in Tier::supported() {
                     let kern = Kernels::new(tier).unwrap();

@@ -14,7 +14,7 @@
 //!    (about eight chunks per thread, so both cores stay busy for `n` as small as a few
 //!    hundred and a slow thread does not hold up the rest);
 //! 3. inside a chunk, a tile of weight rows (~16 KiB, L1-resident) is swept against the token
-//!    rows in groups of [`MAX_ROWS`]: each weight block is decoded once per group by the
+//!    rows in groups of the kernel's `max_rows`: each weight block is decoded once per group by the
 //!    tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
 //!
 //! Float weights (F32/F16/BF16): from 16 token rows up (prefill), through the `gemm` crate —
@@ -38,33 +38,165 @@ use std::cell::RefCell;
 
 use crate::dispatch::{DotKernel, Kernels, kernels};
 use crate::pool::{SyncPtr, ThreadPool, global, parallel_chunks_mut};
-use crate::quant::{GgmlType, dequantize_row};
-use crate::simd::MAX_ROWS;
+use crate::quant::{GgmlType, dequantize_row, rows16};
 
-/// A weight matrix view: `rows` rows of `cols` elements of type `ty`, packed as in GGUF.
+/// How a weight matrix's bytes are arranged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Row after row, as in GGUF.
+    #[default]
+    Ggml,
+    /// Groups of 16 interleaved rows ([`crate::quant::rows16`]; Q4_0, Q4_1, Q8_0), the last
+    /// group padded with zero rows.
+    Rows16,
+}
+
+/// A weight matrix view: `rows` rows of `cols` elements of type `ty`, laid out as `layout`
+/// says (GGUF's row-major blocks, or repacked by [`PackedMatrix`]).
 #[derive(Clone, Copy, Debug)]
 pub struct QMatrix<'a> {
     pub ty: GgmlType,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    pub layout: Layout,
 }
 
 impl<'a> QMatrix<'a> {
+    /// A view of GGUF-layout bytes.
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: &'a [u8]) -> QMatrix<'a> {
+        QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+            layout: Layout::Ggml,
+        }
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.cols / self.ty.block_size() * self.ty.type_size()
     }
 
-    /// The packed bytes of row `r`.
+    /// Rows the data holds: `rows`, rounded up to whole groups for [`Layout::Rows16`].
+    pub fn stored_rows(&self) -> usize {
+        match self.layout {
+            Layout::Ggml => self.rows,
+            Layout::Rows16 => self.rows.div_ceil(rows16::GROUP) * rows16::GROUP,
+        }
+    }
+
+    /// Rows a task or tile must start at a multiple of (1, or a Rows16 group).
+    pub fn row_align(&self) -> usize {
+        match self.layout {
+            Layout::Ggml => 1,
+            Layout::Rows16 => rows16::GROUP,
+        }
+    }
+
+    /// The bytes of rows `r0..r1` (`r0` a multiple of [`Self::row_align`]; a Rows16 tile
+    /// includes the padding rows of its last group).
+    pub fn rows_bytes(&self, r0: usize, r1: usize) -> &'a [u8] {
+        let end = match self.layout {
+            Layout::Ggml => r1,
+            Layout::Rows16 => r1.div_ceil(rows16::GROUP) * rows16::GROUP,
+        };
+        &self.data[r0 * self.row_bytes()..end * self.row_bytes()]
+    }
+
+    /// The GGUF bytes of row `r` — only in [`Layout::Ggml`] (panics otherwise).
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert_eq!(self.layout, Layout::Ggml, "row bytes of a repacked matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
 
-    /// Dequantizes row `r` into `dst` (`dst.len() == cols`).
+    /// Dequantizes row `r` into `dst` (`dst.len() == cols`), in either layout.
     pub fn dequantize_row_into(&self, r: usize, dst: &mut [f32]) {
-        dequantize_row(self.ty, self.row(r), dst);
+        match self.layout {
+            Layout::Ggml => dequantize_row(self.ty, self.row(r), dst),
+            Layout::Rows16 => {
+                assert!(r < self.rows && dst.len() == self.cols, "row {r}");
+                let mut block = [0u8; 64];
+                let block = &mut block[..self.ty.type_size()];
+                for (b, d) in dst.chunks_exact_mut(self.ty.block_size()).enumerate() {
+                    let gb = rows16::group_block(self.ty, self.cols, self.data, r, b);
+                    rows16::unpack_block(self.ty, gb, r % rows16::GROUP, block);
+                    dequantize_row(self.ty, block, d);
+                }
+            }
+        }
+    }
+}
+
+/// A weight repacked once at load into [`Layout::Rows16`] (owned, 64-byte aligned): what the
+/// model keeps for every Q4_0 / Q4_1 / Q8_0 linear layer, so `matmul` runs the Rows16 kernels.
+#[derive(Clone)]
+pub struct PackedMatrix {
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    lines: Vec<CacheLine>,
+    len: usize,
+}
+
+/// 64 bytes, 64-aligned: the storage unit of [`PackedMatrix`].
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+impl std::fmt::Debug for PackedMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+
+impl PackedMatrix {
+    /// Repacks a GGUF-layout matrix, or `None` when its type has no Rows16 layout (or its
+    /// columns are not whole blocks).
+    pub fn pack(w: &QMatrix<'_>) -> Option<PackedMatrix> {
+        if w.layout != Layout::Ggml
+            || !rows16::supports(w.ty)
+            || !w.cols.is_multiple_of(w.ty.block_size())
+        {
+            return None;
+        }
+        let bytes = rows16::pack(w.ty, w.rows, w.cols, w.data);
+        let mut lines = vec![CacheLine([0; 64]); bytes.len().div_ceil(64)];
+        for (line, chunk) in lines.iter_mut().zip(bytes.chunks(64)) {
+            line.0[..chunk.len()].copy_from_slice(chunk);
+        }
+        Some(PackedMatrix {
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            lines,
+            len: bytes.len(),
+        })
+    }
+
+    /// The matrix view (layout [`Layout::Rows16`]).
+    pub fn view(&self) -> QMatrix<'_> {
+        // SAFETY: `lines` is `len.div_ceil(64)` initialised 64-byte lines, plain bytes.
+        let data =
+            unsafe { std::slice::from_raw_parts(self.lines.as_ptr().cast::<u8>(), self.len) };
+        QMatrix {
+            ty: self.ty,
+            rows: self.rows,
+            cols: self.cols,
+            data,
+            layout: Layout::Rows16,
+        }
+    }
+
+    /// Bytes held.
+    pub fn n_bytes(&self) -> usize {
+        self.len
     }
 }
 
@@ -97,13 +229,16 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn new(n: usize, row_bytes: usize, threads: usize) -> Plan {
+    /// Chunks and tiles start at multiples of `align` rows (a Rows16 group, or 1).
+    fn new(n: usize, row_bytes: usize, threads: usize, align: usize) -> Plan {
         let chunk = if threads <= 1 {
             n
         } else {
             n.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS)
         };
-        let tile = (TILE_BYTES / row_bytes.max(1)).clamp(1, chunk.max(1));
+        let chunk = chunk.next_multiple_of(align).max(align);
+        let tile = (TILE_BYTES / row_bytes.max(1)).next_multiple_of(align);
+        let tile = tile.clamp(1, chunk.max(1));
         Plan {
             chunk,
             n_tasks: n.div_ceil(chunk),
@@ -176,7 +311,10 @@ pub fn matmul_multi_with(
     for w in ws {
         assert_eq!(w.cols, k, "matrices of different widths");
         assert_eq!(k % w.ty.block_size(), 0, "{k} columns of {}", w.ty);
-        assert!(w.data.len() >= w.rows * w.row_bytes(), "weight bytes");
+        assert!(
+            w.data.len() >= w.stored_rows() * w.row_bytes(),
+            "weight bytes"
+        );
     }
     if n_tokens == 0 || n_total == 0 {
         return;
@@ -185,11 +323,11 @@ pub fn matmul_multi_with(
     let mut parts = [None; MAX_PARTS];
     let mut col = 0;
     for (p, w) in parts.iter_mut().zip(ws) {
-        *p = kernels.matmul_kernel(w.ty).map(|kern| Part {
+        *p = kernels.matmul_kernel_for(w).map(|kern| Part {
             w: *w,
             kern,
             col,
-            plan: Plan::new(w.rows, w.row_bytes(), pool.num_threads()),
+            plan: Plan::new(w.rows, w.row_bytes(), pool.num_threads(), w.row_align()),
         });
         col += w.rows;
     }
@@ -280,14 +418,14 @@ unsafe fn matmul_quantized(
             let Part { w, kern, col, plan } = parts[pi];
             let r0 = task * plan.chunk;
             let r1 = w.rows.min(r0 + plan.chunk);
-            let (nb, row_bytes) = (k / kern.block_size, w.row_bytes());
+            let nb = k / kern.block_size;
             let mut tile0 = r0;
             while tile0 < r1 {
                 let tile1 = r1.min(tile0 + plan.tile);
-                // tile: weight rows tile0..tile1, [tile1 - tile0, row_bytes].
-                let tile = &w.data[tile0 * row_bytes..tile1 * row_bytes];
-                for t0 in (0..n_tokens).step_by(MAX_ROWS) {
-                    let na = MAX_ROWS.min(n_tokens - t0);
+                // tile: weight rows tile0..tile1 (and a Rows16 group's padding rows).
+                let tile = w.rows_bytes(tile0, tile1);
+                for t0 in (0..n_tokens).step_by(kern.max_rows) {
+                    let na = kern.max_rows.min(n_tokens - t0);
                     // SAFETY: the tile writes out[(t0 + j) * out_stride + col + r] for j < na
                     // and tile0 <= r < tile1: inside `out` (the caller's contract), in
                     // columns of rows r0..r1 of this part that belong to this task alone.
@@ -355,7 +493,7 @@ unsafe fn matmul_float_rows(
     col: usize,
 ) {
     let (n, k) = (w.rows, w.cols);
-    let plan = Plan::new(n, w.row_bytes(), pool.num_threads());
+    let plan = Plan::new(n, w.row_bytes(), pool.num_threads(), 1);
     pool.parallel_for(plan.n_tasks, |task| {
         let r0 = task * plan.chunk;
         let r1 = n.min(r0 + plan.chunk);
@@ -505,12 +643,7 @@ mod tests {
     fn matches_naive_f32_product_on_odd_shapes() {
         for (t, n, k) in [(1, 1, 1), (3, 7, 5), (2, 17, 33), (5, 9, 64), (6, 200, 40)] {
             let data = f32_matrix(n, k, 7);
-            let w = QMatrix {
-                ty: GgmlType::F32,
-                rows: n,
-                cols: k,
-                data: &data,
-            };
+            let w = QMatrix::new(GgmlType::F32, n, k, &data);
             let x: Vec<f32> = (0..t * k).map(|i| (i % 13) as f32 * 0.1 - 0.6).collect();
             let mut out = vec![0f32; t * n];
             matmul(&x, &w, &mut out);
@@ -535,9 +668,15 @@ mod tests {
     fn plan_covers_every_row() {
         for n in [1, 15, 16, 17, 576, 49152] {
             for threads in [1, 2, 3, 16] {
-                let p = Plan::new(n, 360, threads);
-                assert!(p.n_tasks * p.chunk >= n && (p.n_tasks - 1) * p.chunk < n);
-                assert!(p.tile >= 1 && p.tile <= p.chunk);
+                for align in [1, 16] {
+                    let p = Plan::new(n, 360, threads, align);
+                    assert!(p.n_tasks * p.chunk >= n && (p.n_tasks - 1) * p.chunk < n);
+                    assert!(p.tile >= 1 && p.tile <= p.chunk);
+                    assert!(
+                        p.chunk.is_multiple_of(align)
+                            && (p.tile.is_multiple_of(align) || p.tile == p.chunk)
+                    );
+                }
             }
         }
     }

@@ -42,12 +42,7 @@ fn matmul_multi_equals_separate_matmuls() {
             .iter()
             .zip(rows)
             .zip(&data)
-            .map(|((&ty, n), d)| QMatrix {
-                ty,
-                rows: n,
-                cols: k,
-                data: d,
-            })
+            .map(|((&ty, n), d)| QMatrix::new(ty, n, k, d))
             .collect();
         let n_total: usize = ws.iter().map(|w| w.rows).sum();
         for n_tok in [1, 5, 17] {

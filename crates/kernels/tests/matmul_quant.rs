@@ -12,10 +12,15 @@
 //!   an output never depends on how rows are chunked or tiled.
 //!
 //! Shapes are odd on purpose: one row and one block; row counts that are not multiples of the
-//! tile or of the chunk; token counts 1, 7 and 33 (not multiples of the four-row kernel).
+//! tile, the chunk or a Rows16 group; token counts 1, 7 and 33 (not multiples of the four- or
+//! eight-row kernels).
+//!
+//! Q4_0, Q4_1 and Q8_0 also run repacked into the Rows16 layout ([`PackedMatrix`], what the
+//! model loads them as), against the same references computed on the GGUF rows; and a Rows16
+//! output must not depend on the other token rows of the call (batch invariance).
 
 use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
-use tokenmill_kernels::matmul::{QMatrix, matmul, matmul_with};
+use tokenmill_kernels::matmul::{Layout, PackedMatrix, QMatrix, matmul, matmul_with};
 use tokenmill_kernels::pool::ThreadPool;
 use tokenmill_kernels::quant::GgmlType;
 use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
@@ -48,6 +53,8 @@ struct Case {
     t: usize,
     w: Vec<u8>,
     x: Vec<f32>,
+    /// The weight repacked into Rows16, when the case runs in that layout.
+    packed: Option<PackedMatrix>,
 }
 
 impl Case {
@@ -65,16 +72,35 @@ impl Case {
             x[k..2 * k].fill(0.0);
             x[..k.min(32)].iter_mut().for_each(|v| *v *= 50.0);
         }
-        Case { ty, n, k, t, w, x }
+        Case {
+            ty,
+            n,
+            k,
+            t,
+            w,
+            x,
+            packed: None,
+        }
     }
 
-    fn matrix(&self) -> QMatrix<'_> {
-        QMatrix {
-            ty: self.ty,
-            rows: self.n,
-            cols: self.k,
-            data: &self.w,
+    /// The case in `layout` (`None` if its type has no such layout).
+    fn in_layout(mut self, layout: Layout) -> Option<Case> {
+        if layout == Layout::Rows16 {
+            self.packed = Some(PackedMatrix::pack(&self.ggml())?);
         }
+        Some(self)
+    }
+
+    /// The weight as stored in GGUF.
+    fn ggml(&self) -> QMatrix<'_> {
+        QMatrix::new(self.ty, self.n, self.k, &self.w)
+    }
+
+    /// The weight `matmul` runs on: repacked, or as stored.
+    fn matrix(&self) -> QMatrix<'_> {
+        self.packed
+            .as_ref()
+            .map_or_else(|| self.ggml(), |p| p.view())
     }
 
     fn run(&self, pool: &ThreadPool, kernels: &Kernels) -> Vec<f32> {
@@ -94,7 +120,7 @@ impl Case {
 fn reference(case: &Case, t: usize, r: usize) -> (f64, f64) {
     let k = case.k;
     let x = &case.x[t * k..(t + 1) * k];
-    let w = case.matrix().row(r);
+    let w = case.ggml().row(r);
     let wd = case.w_row(r);
     let Some(act) = ActFormat::for_matmul(case.ty) else {
         let exact: f64 = wd.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
@@ -137,9 +163,11 @@ fn quant_budget(w: &[f32], x: &[f32], block: usize, levels: f64) -> f64 {
 fn matmul_matches_reference_on_every_tier_and_pool() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2), ThreadPool::new(3)];
     let mut rng = SplitMix64::new(0xAB);
-    for ty in TYPES {
+    for (ty, layout) in cases() {
         for (n, blocks, t) in SHAPES {
-            let case = Case::new(&mut rng, ty, n, blocks, t);
+            let Some(case) = Case::new(&mut rng, ty, n, blocks, t).in_layout(layout) else {
+                continue;
+            };
             let refs: Vec<(f64, f64)> = (0..t)
                 .flat_map(|ti| (0..n).map(move |r| (ti, r)))
                 .map(|(ti, r)| reference(&case, ti, r))
@@ -154,7 +182,7 @@ fn matmul_matches_reference_on_every_tier_and_pool() {
                             .iter()
                             .zip(&other)
                             .all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{tier} {ty} {n}x{} T={t}: {} threads differ from 1",
+                        "{tier} {ty} {layout:?} {n}x{} T={t}: {} threads differ from 1",
                         case.k,
                         pool.num_threads()
                     );
@@ -168,7 +196,7 @@ fn matmul_matches_reference_on_every_tier_and_pool() {
                         } else {
                             err <= budget
                         },
-                        "{tier} {ty} {n}x{} T={t} out[{i}]: {got:e} vs {want:e} (budget {budget:e})",
+                        "{tier} {ty} {layout:?} {n}x{} T={t} out[{i}]: {got:e} vs {want:e} (budget {budget:e})",
                         case.k
                     );
                 }
@@ -182,8 +210,10 @@ fn matmul_is_close_to_the_f32_product() {
     let pool = ThreadPool::new(2);
     let kernels = tokenmill_kernels::dispatch::kernels();
     let mut rng = SplitMix64::new(0xF32);
-    for ty in TYPES {
-        let case = Case::new(&mut rng, ty, 33, 3, 7);
+    for (ty, layout) in cases() {
+        let Some(case) = Case::new(&mut rng, ty, 33, 3, 7).in_layout(layout) else {
+            continue;
+        };
         let out = case.run(&pool, kernels);
         let act = ActFormat::for_matmul(ty);
         let block = act.map_or(32, |a| a.block_size());
@@ -213,6 +243,62 @@ fn matmul_is_close_to_the_f32_product() {
                     "{ty} t={t} r={r}: {got:e} vs {exact:e} (budget {budget:e})"
                 );
             }
+        }
+    }
+}
+
+/// Every type in GGUF layout, and the Rows16 types repacked too.
+fn cases() -> impl Iterator<Item = (GgmlType, Layout)> {
+    TYPES
+        .into_iter()
+        .flat_map(|ty| [(ty, Layout::Ggml), (ty, Layout::Rows16)])
+}
+
+/// A token row's Rows16 output is bit-identical whatever else is in the call: alone, or at
+/// any position of a batch (any group of the eight-row kernel, any remainder).
+#[test]
+fn rows16_outputs_do_not_depend_on_the_other_token_rows() {
+    let pool = ThreadPool::new(2);
+    let mut rng = SplitMix64::new(0xB1);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let case = Case::new(&mut rng, ty, 37, 5, 19)
+            .in_layout(Layout::Rows16)
+            .unwrap();
+        for tier in Tier::supported() {
+            let kernels = Kernels::new(tier).unwrap();
+            let all = case.run(&pool, &kernels);
+            for t in 0..case.t {
+                for (t0, t1) in [(t, t + 1), (t.saturating_sub(3), (t + 2).min(case.t))] {
+                    let x = &case.x[t0 * case.k..t1 * case.k];
+                    let mut out = vec![f32::NAN; (t1 - t0) * case.n];
+                    matmul_with(&pool, &kernels, x, &case.matrix(), &mut out);
+                    let got = &out[(t - t0) * case.n..(t - t0 + 1) * case.n];
+                    let want = &all[t * case.n..(t + 1) * case.n];
+                    assert!(
+                        got.iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{tier} {ty} token {t} of rows {t0}..{t1}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Dequantizing a Rows16 row gives the GGUF row's values.
+#[test]
+fn rows16_rows_dequantize_like_the_gguf_rows() {
+    let mut rng = SplitMix64::new(0xDE);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+        let case = Case::new(&mut rng, ty, 21, 3, 1)
+            .in_layout(Layout::Rows16)
+            .unwrap();
+        let (mut a, mut b) = (vec![0f32; case.k], vec![0f32; case.k]);
+        for r in 0..case.n {
+            case.ggml().dequantize_row_into(r, &mut a);
+            case.matrix().dequantize_row_into(r, &mut b);
+            assert_eq!(a, b, "{ty} row {r}");
         }
     }
 }

@@ -205,7 +205,7 @@ impl Weight {
         matches!(self, Weight::Int4(_))
     }
 
-    fn view<'a>(&self, store: &'a WeightStore) -> Option<QMatrix<'a>> {
+    fn view<'a>(&'a self, store: &'a WeightStore) -> Option<QMatrix<'a>> {
         match self {
             Weight::Stored(l) => Some(l.view(store)),
             Weight::Int4(_) => None,

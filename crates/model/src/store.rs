@@ -15,8 +15,10 @@
 use std::ops::Range;
 use std::path::Path;
 
+use std::sync::Arc;
 use tokenmill_gguf::{GgufFile, TensorInfo};
-use tokenmill_kernels::matmul::QMatrix;
+
+use tokenmill_kernels::matmul::{PackedMatrix, QMatrix};
 use tokenmill_kernels::quant::{GgmlType, dequantize_row};
 use tokenmill_safetensors::{Dtype, SafetensorsSet};
 
@@ -118,7 +120,18 @@ impl WeightStore {
                 t.ty
             )));
         }
-        Ok(Linear { t, rows, cols })
+        Ok(self.linear_of(t, rows, cols))
+    }
+
+    /// A [`Linear`] over `t`, repacked into Rows16 when its type has that layout.
+    fn linear_of(&self, t: TensorRef, rows: usize, cols: usize) -> Linear {
+        let packed = PackedMatrix::pack(&QMatrix::new(t.ty, rows, cols, self.data(&t)));
+        Linear {
+            t,
+            rows,
+            cols,
+            packed: packed.map(Arc::new),
+        }
     }
 
     /// The `n` matrices of `rows × cols` stacked in one 3-D weight `name` of shape
@@ -155,14 +168,13 @@ impl WeightStore {
             },
         };
         Ok((0..n)
-            .map(|i| Linear {
-                t: TensorRef {
+            .map(|i| {
+                let ti = TensorRef {
                     ty: t.ty,
                     shape: vec![rows as u64, cols as u64],
                     loc: part(i),
-                },
-                rows,
-                cols,
+                };
+                self.linear_of(ti, rows, cols)
             })
             .collect())
     }
@@ -228,22 +240,24 @@ fn check_shape(name: &str, t: &TensorRef, want: &[u64]) -> Result<(), ModelError
     Ok(())
 }
 
-/// A linear layer's weight `[rows = out features, cols = in features]`, in its store.
+/// A linear layer's weight `[rows = out features, cols = in features]`, in its store — and,
+/// for Q4_0 / Q4_1 / Q8_0, repacked once at load into the interleaved Rows16 layout that
+/// `matmul`'s fastest kernels read (`tokenmill_kernels::quant::rows16`; the same bytes,
+/// permuted, held beside the mapped file).
 #[derive(Clone, Debug)]
 pub struct Linear {
     t: TensorRef,
     pub rows: usize,
     pub cols: usize,
+    packed: Option<Arc<PackedMatrix>>,
 }
 
 impl Linear {
-    /// The matrix view over the store's bytes.
-    pub fn view<'a>(&self, store: &'a WeightStore) -> QMatrix<'a> {
-        QMatrix {
-            ty: self.t.ty,
-            rows: self.rows,
-            cols: self.cols,
-            data: store.data(&self.t),
+    /// The matrix `matmul` runs on: the Rows16 copy when there is one, else the store's bytes.
+    pub fn view<'a>(&'a self, store: &'a WeightStore) -> QMatrix<'a> {
+        match &self.packed {
+            Some(p) => p.view(),
+            None => QMatrix::new(self.t.ty, self.rows, self.cols, store.data(&self.t)),
         }
     }
 

@@ -76,12 +76,7 @@ fn int_dot_gflops() -> f64 {
     for r in data.chunks_exact_mut(row_bytes) {
         quantize_row(ty, &src, r);
     }
-    let w = QMatrix {
-        ty,
-        rows,
-        cols,
-        data: &data,
-    };
+    let w = QMatrix::new(ty, rows, cols, &data);
     let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut out = vec![0f32; tokens * rows];
     let flops = 2.0 * (rows * cols * tokens) as f64;

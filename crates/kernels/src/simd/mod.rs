@@ -25,6 +25,10 @@ pub mod x86;
 /// and dot it with up to this many activation rows, so prefill reuses each decoded block.
 pub const MAX_ROWS: usize = 4;
 
+/// Most activation rows one [Rows16](crate::quant::rows16) tile kernel call handles (their
+/// register blocking keeps twice as many rows in flight).
+pub const MAX_ROWS_16: usize = 8;
+
 /// A tile of integer dot products: `n_w` weight rows × `n_a` activation rows
 /// (`1 <= n_a <= MAX_ROWS`), as raw pointers — what one [`DotTileFn`] call computes:
 /// `out[j * out_stride + i] = vec_dot(w_i, a_j)`, where weight row `i` is `nb` weight blocks at
@@ -97,6 +101,10 @@ pub struct TierFns {
     /// Integer dot kernel against A16 activations ([`crate::quant::a16`]), by weight type;
     /// only the 32-element formats have one.
     pub dots_a16: [Option<DotTileFn>; 15],
+    /// Integer dot kernel of [Rows16](crate::quant::rows16) weights against A16 activations,
+    /// by weight type (Q4_0, Q4_1, Q8_0). Its [`Tile`]'s `w_stride` is the bytes of a group
+    /// of 16 rows, and `n_a` may go up to [`MAX_ROWS_16`].
+    pub dots_rows16: [Option<DotTileFn>; 15],
     /// A16 activation quantizer.
     pub quantize_a16: QuantizeFn,
     /// Q8_0 activation quantizer.

@@ -95,6 +95,57 @@ scalar_dot_rows!(
     a16_blocks
 );
 
+/// Scalar tier of a Rows16 tile: the reference dot of every (weight row, activation row).
+///
+/// # Safety
+///
+/// As [`super::DotTileFn`] for Rows16 weights (`w_stride`: bytes of a group).
+unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
+    use quant::rows16::{GROUP, vec_dot_a16};
+    let group_bytes = t.nb * GROUP * ty.type_size();
+    for i in 0..t.n_w {
+        // SAFETY: the caller guarantees whole groups of `nb` group-blocks for every row.
+        let group =
+            unsafe { std::slice::from_raw_parts(t.w.add(i / GROUP * t.w_stride), group_bytes) };
+        for j in 0..t.n_a {
+            // SAFETY: the caller guarantees `nb` readable activation blocks per row.
+            let a = unsafe {
+                std::slice::from_raw_parts(t.a.add(j * t.a_stride), t.nb * quant::A16_BYTES)
+            };
+            let v = vec_dot_a16(ty, t.nb, group, i % GROUP, a16_blocks(a));
+            // SAFETY: the caller guarantees the outputs are writable.
+            unsafe { *t.out.add(j * t.out_stride + i) = v };
+        }
+    }
+}
+
+/// Scalar tier: Rows16 Q4_0 · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q4_0_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q4_0, t) }
+}
+
+/// Scalar tier: Rows16 Q4_1 · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q4_1_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q4_1, t) }
+}
+
+/// Scalar tier: Rows16 Q8_0 · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q8_0_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q8_0, t) }
+}
+
 /// Scalar tier of [`super::QuantizeFn`] for A16: the reference quantizer.
 ///
 /// # Safety
@@ -174,9 +225,14 @@ pub fn fns() -> TierFns {
     dots_a16[T::Q5_0 as usize] = Some(q5_0_a16);
     dots_a16[T::Q5_1 as usize] = Some(q5_1_a16);
     dots_a16[T::Q8_0 as usize] = Some(q8_0_a16);
+    let mut dots_rows16: [Option<super::DotTileFn>; 15] = [None; 15];
+    dots_rows16[T::Q4_0 as usize] = Some(q4_0_rows16);
+    dots_rows16[T::Q4_1 as usize] = Some(q4_1_rows16);
+    dots_rows16[T::Q8_0 as usize] = Some(q8_0_rows16);
     TierFns {
         dots,
         dots_a16,
+        dots_rows16,
         quantize_a16,
         quantize_q8_0,
         quantize_q8_1,

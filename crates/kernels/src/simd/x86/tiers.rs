@@ -10,7 +10,7 @@
 
 use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, attn, kquants, q32, quantize};
+use super::{a16, attn, kquants, q32, quantize, rows16};
 use crate::quant::GgmlType;
 use crate::simd::attn::AttnTile;
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
@@ -19,7 +19,7 @@ use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 /// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
 /// rows per block).
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty, $f32s:ty, $kv:literal, $rows:literal) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -44,6 +44,19 @@ macro_rules! tier {
                     #[target_feature(enable = $features)]
                     pub unsafe fn $name(t: &Tile) {
                         unsafe { a16::tile::<$fmt, a16::L256<$mul_sum>>(t) }
+                    }
+                };
+            }
+
+            macro_rules! rows16_entry {
+                ($name:ident, $fmt:ty) => {
+                    /// # Safety
+                    ///
+                    /// As [`crate::simd::DotTileFn`] for Rows16 weights, with this tier's CPU
+                    /// features.
+                    #[target_feature(enable = $features)]
+                    pub unsafe fn $name(t: &Tile) {
+                        unsafe { rows16::tile::<$fmt, $lanes16>(t) }
                     }
                 };
             }
@@ -80,6 +93,9 @@ macro_rules! tier {
             a16_entry!(q5_0_a16, q32::Q5_0);
             a16_entry!(q5_1_a16, q32::Q5_1);
             a16_entry!(q8_0_a16, q32::Q8_0);
+            rows16_entry!(q4_0_rows16, rows16::R16Q4_0);
+            rows16_entry!(q4_1_rows16, rows16::R16Q4_1);
+            rows16_entry!(q8_0_rows16, rows16::R16Q8_0);
             k_entry!(q4_K_q8_K, kquants::q4_K_row);
             k_entry!(q5_K_q8_K, kquants::q5_K_row);
             k_entry!(q6_K_q8_K, kquants::q6_K_row);
@@ -167,6 +183,11 @@ macro_rules! tier {
                 set(GgmlType::Q5_0, q5_0_a16);
                 set(GgmlType::Q5_1, q5_1_a16);
                 set(GgmlType::Q8_0, q8_0_a16);
+                let mut set =
+                    |ty: GgmlType, f: crate::simd::DotTileFn| t.dots_rows16[ty as usize] = Some(f);
+                set(GgmlType::Q4_0, q4_0_rows16);
+                set(GgmlType::Q4_1, q4_1_rows16);
+                set(GgmlType::Q8_0, q8_0_rows16);
                 t.quantize_a16 = quantize_a16;
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
@@ -181,12 +202,29 @@ macro_rules! tier {
     };
 }
 
-tier!(avx2, "avx2,fma,f16c", Maddubs, F32x8, 2, 1);
-tier!(avx_vnni, "avx2,fma,f16c,avxvnni", AvxVnni, F32x8, 2, 1);
+tier!(
+    avx2,
+    "avx2,fma,f16c",
+    Maddubs,
+    rows16::Y256<rows16::MaddAdd>,
+    F32x8,
+    2,
+    1
+);
+tier!(
+    avx_vnni,
+    "avx2,fma,f16c,avxvnni",
+    AvxVnni,
+    rows16::Y256<rows16::VexDpwssd>,
+    F32x8,
+    2,
+    1
+);
 tier!(
     avx512_vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     Avx512Vnni,
+    rows16::Z512,
     F32x16,
     1,
     4

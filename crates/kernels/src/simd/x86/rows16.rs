@@ -1,0 +1,475 @@
+//! SIMD dot products of [Rows16](crate::quant::rows16) weights (16 interleaved rows of Q4_0,
+//! Q4_1 or Q8_0) with A16 activations: `matmul`'s kernels for those formats.
+//!
+//! Per group-block and activation row: each 32-byte chunk of quants widens to 16 lanes of
+//! (row, two columns) i16 pairs, and one multiply-add against the activation pair broadcast
+//! from memory advances all 16 rows — `vpdpwssd zmm, zmm, m32{1to16}` on AVX-512, `vpdpwssd`
+//! or `vpmaddwd` + `vpaddd` on 256-bit tiers (two registers per 16 lanes). The block's 16 exact
+//! i32 sums then meet the scales in one FMA: `acc += f32(sumi) · (d_w · d_a)`, and Q4_1 adds
+//! `m_w · s_a`. Each weight chunk is widened once for up to [`MAX_ROWS_16`] activation rows.
+//!
+//! Numerics: the integer sum of a block is exact whatever order or split of accumulators
+//! computes it (with few activation rows two chains hide the multiply-add latency), and it is
+//! converted to f32 whole, as the reference does; only the fused multiply-add of the scales
+//! differs from the reference twin. A row's result never depends on its lane, its group, how
+//! many activation rows share the call, or the tile.
+//!
+//! The multiply-adds are inline `asm!`: LLVM rewrites the `vpdpwssd` intrinsic into
+//! `vpmaddwd` + `vpaddd` (and a separate broadcast) for generic x86-64 tuning, which measured
+//! 1.8× slower here.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+
+use crate::quant::rows16::GROUP;
+use crate::simd::{MAX_ROWS_16, Tile};
+
+/// How far ahead of the current group-block to prefetch, in bytes.
+const PREFETCH: usize = 1024;
+/// Offset of the quants in an A16 block (after `d: f32, s: f32`).
+const A16_QS: usize = 8;
+/// Bytes of an A16 block.
+const A16_BYTES: usize = crate::quant::A16_BYTES;
+
+/// A register set of 16 lanes: one 512-bit register, or two 256-bit ones.
+pub trait Lanes16 {
+    /// 16 lanes of i32 (or 32 of i16).
+    type I: Copy;
+    /// 16 lanes of f32.
+    type F: Copy;
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// 32 bytes at `p`, zero-extended to i16.
+    unsafe fn load_u8(p: *const u8) -> Self::I;
+    /// 32 bytes at `p`, sign-extended to i16.
+    unsafe fn load_i8(p: *const u8) -> Self::I;
+    /// Low and high nibbles of zero-extended bytes, as i16.
+    unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I);
+    /// `x - 8` in every i16 lane.
+    unsafe fn sub8(x: Self::I) -> Self::I;
+    /// `acc += Σ pairs of w · (the i16 pair at p, broadcast)`, exact in i32.
+    unsafe fn dp(acc: Self::I, w: Self::I, p: *const u8) -> Self::I;
+    /// Lane-wise i32 sum.
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I;
+    /// 16 f16 at `p` as f32.
+    unsafe fn f16(p: *const u8) -> Self::F;
+    /// `acc + f32(sumi) · (d · *da)`.
+    unsafe fn scale(acc: Self::F, sumi: Self::I, d: Self::F, da: f32) -> Self::F;
+    /// `acc + m · s`.
+    unsafe fn offset(acc: Self::F, m: Self::F, s: f32) -> Self::F;
+    /// Stores lanes `0..n` at `out`.
+    unsafe fn store(x: Self::F, out: *mut f32, n: usize);
+}
+
+/// One 512-bit register (AVX-512 F + BW + VNNI).
+pub struct Z512;
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+unsafe fn vpdpwssd_zmm_bcst(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: `p` is readable for 4 bytes (the caller's contract); no memory is written.
+    unsafe {
+        asm!(
+            "vpdpwssd {a}, {w}, dword ptr [{p}]{{1to16}}",
+            a = inout(zmm_reg) acc,
+            w = in(zmm_reg) w,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+impl Lanes16 for Z512 {
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        unsafe { _mm512_setzero_si512() }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load_u8(p: *const u8) -> __m512i {
+        unsafe { _mm512_cvtepu8_epi16(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const u8) -> __m512i {
+        unsafe { _mm512_cvtepi8_epi16(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn nibbles(x: __m512i) -> (__m512i, __m512i) {
+        unsafe {
+            (
+                _mm512_and_si512(x, _mm512_set1_epi16(0x0F)),
+                _mm512_srli_epi16(x, 4),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn sub8(x: __m512i) -> __m512i {
+        unsafe { _mm512_sub_epi16(x, _mm512_set1_epi16(8)) }
+    }
+    #[inline(always)]
+    unsafe fn dp(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
+        unsafe { vpdpwssd_zmm_bcst(acc, w, p) }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> __m512 {
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+    }
+    #[inline(always)]
+    unsafe fn scale(acc: __m512, sumi: __m512i, d: __m512, da: f32) -> __m512 {
+        unsafe {
+            let s = _mm512_mul_ps(d, _mm512_set1_ps(da));
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), s, acc)
+        }
+    }
+    #[inline(always)]
+    unsafe fn offset(acc: __m512, m: __m512, s: f32) -> __m512 {
+        unsafe { _mm512_fmadd_ps(m, _mm512_set1_ps(s), acc) }
+    }
+    #[inline(always)]
+    unsafe fn store(x: __m512, out: *mut f32, n: usize) {
+        unsafe {
+            if n >= GROUP {
+                _mm512_storeu_ps(out, x);
+            } else {
+                _mm512_mask_storeu_ps(out, ((1u32 << n) - 1) as u16, x);
+            }
+        }
+    }
+}
+
+/// The 256-bit i16 multiply-add of a tier: `acc += Σ pairs of w · b` exact in i32.
+pub trait Dp256 {
+    unsafe fn dp(acc: __m256i, w: __m256i, b: __m256i) -> __m256i;
+}
+
+/// AVX2: `vpmaddwd` + `vpaddd`.
+pub struct MaddAdd;
+
+impl Dp256 for MaddAdd {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, w: __m256i, b: __m256i) -> __m256i {
+        unsafe { _mm256_add_epi32(acc, _mm256_madd_epi16(w, b)) }
+    }
+}
+
+/// AVX-VNNI: VEX `vpdpwssd`.
+pub struct VexDpwssd;
+
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn vpdpwssd_vex(acc: __m256i, w: __m256i, b: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: register-only instruction.
+    unsafe {
+        asm!(
+            "{{vex}} vpdpwssd {a}, {w}, {b}",
+            a = inout(ymm_reg) acc,
+            w = in(ymm_reg) w,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    acc
+}
+
+impl Dp256 for VexDpwssd {
+    #[inline(always)]
+    unsafe fn dp(acc: __m256i, w: __m256i, b: __m256i) -> __m256i {
+        unsafe { vpdpwssd_vex(acc, w, b) }
+    }
+}
+
+/// Two 256-bit registers (AVX2 + FMA + F16C), lanes 0..8 and 8..16, multiply-added by `D`.
+pub struct Y256<D>(std::marker::PhantomData<D>);
+
+impl<D: Dp256> Lanes16 for Y256<D> {
+    type I = (__m256i, __m256i);
+    type F = (__m256, __m256);
+    #[inline(always)]
+    unsafe fn zero_i() -> Self::I {
+        unsafe { (_mm256_setzero_si256(), _mm256_setzero_si256()) }
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> Self::F {
+        unsafe { (_mm256_setzero_ps(), _mm256_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn load_u8(p: *const u8) -> Self::I {
+        unsafe {
+            (
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(p.cast())),
+                _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16).cast())),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_i8(p: *const u8) -> Self::I {
+        unsafe {
+            (
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.cast())),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(16).cast())),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I) {
+        unsafe {
+            let m = _mm256_set1_epi16(0x0F);
+            (
+                (_mm256_and_si256(x.0, m), _mm256_and_si256(x.1, m)),
+                (_mm256_srli_epi16(x.0, 4), _mm256_srli_epi16(x.1, 4)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn sub8(x: Self::I) -> Self::I {
+        unsafe {
+            let e = _mm256_set1_epi16(8);
+            (_mm256_sub_epi16(x.0, e), _mm256_sub_epi16(x.1, e))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dp(acc: Self::I, w: Self::I, p: *const u8) -> Self::I {
+        unsafe {
+            let b = _mm256_set1_epi32(p.cast::<i32>().read_unaligned());
+            (D::dp(acc.0, w.0, b), D::dp(acc.1, w.1, b))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_i(a: Self::I, b: Self::I) -> Self::I {
+        unsafe { (_mm256_add_epi32(a.0, b.0), _mm256_add_epi32(a.1, b.1)) }
+    }
+    #[inline(always)]
+    unsafe fn f16(p: *const u8) -> Self::F {
+        unsafe {
+            (
+                _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn scale(acc: Self::F, sumi: Self::I, d: Self::F, da: f32) -> Self::F {
+        unsafe {
+            let da = _mm256_set1_ps(da);
+            (
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi.0), _mm256_mul_ps(d.0, da), acc.0),
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi.1), _mm256_mul_ps(d.1, da), acc.1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn offset(acc: Self::F, m: Self::F, s: f32) -> Self::F {
+        unsafe {
+            let s = _mm256_set1_ps(s);
+            (
+                _mm256_fmadd_ps(m.0, s, acc.0),
+                _mm256_fmadd_ps(m.1, s, acc.1),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn store(x: Self::F, out: *mut f32, n: usize) {
+        unsafe {
+            if n >= GROUP {
+                _mm256_storeu_ps(out, x.0);
+                _mm256_storeu_ps(out.add(8), x.1);
+            } else {
+                let mut o = [0f32; GROUP];
+                _mm256_storeu_ps(o.as_mut_ptr(), x.0);
+                _mm256_storeu_ps(o.as_mut_ptr().add(8), x.1);
+                std::ptr::copy_nonoverlapping(o.as_ptr(), out, n);
+            }
+        }
+    }
+}
+
+/// A Rows16 weight format: how its quants widen and whether it has offsets.
+pub trait Fmt16 {
+    /// Bytes of a group-block.
+    const BYTES: usize;
+    /// Offset of the quants in a group-block.
+    const QS: usize;
+    /// Has the per-row offset `m` (Q4_1).
+    const HAS_M: bool;
+    /// Adds `Σ w · a_j` of the group-block's quants at `qs` and the A16 quants at `a[j]` to
+    /// `acc[j]`, each weight chunk widened once for every row: into two accumulators per row
+    /// when `split` (the caller adds them), else into `acc[j].0` alone.
+    unsafe fn sums<L: Lanes16, const NA: usize>(
+        qs: *const u8,
+        a: &[*const u8; NA],
+        acc: &mut [(L::I, L::I); NA],
+        split: bool,
+    );
+}
+
+/// `acc += w · a` into the first or (`second`) the second accumulator.
+#[inline(always)]
+unsafe fn dp_into<L: Lanes16>(acc: &mut (L::I, L::I), w: L::I, a: *const u8, second: bool) {
+    unsafe {
+        if second {
+            acc.1 = L::dp(acc.1, w, a);
+        } else {
+            acc.0 = L::dp(acc.0, w, a);
+        }
+    }
+}
+
+/// Q4 quants: chunk `c` holds pairs `c` (low nibbles) and `c + 8` (high nibbles).
+#[inline(always)]
+unsafe fn q4_sums<L: Lanes16, const NA: usize, const SUB8: bool>(
+    qs: *const u8,
+    a: &[*const u8; NA],
+    acc: &mut [(L::I, L::I); NA],
+    split: bool,
+) {
+    unsafe {
+        for c in 0..8 {
+            let (mut lo, mut hi) = L::nibbles(L::load_u8(qs.add(32 * c)));
+            if SUB8 {
+                lo = L::sub8(lo);
+                hi = L::sub8(hi);
+            }
+            for (acc, &a) in acc.iter_mut().zip(a) {
+                dp_into::<L>(acc, lo, a.add(4 * c), false);
+                dp_into::<L>(acc, hi, a.add(4 * (c + 8)), split);
+            }
+        }
+    }
+}
+
+/// Rows16 Q4_0.
+pub struct R16Q4_0;
+/// Rows16 Q4_1.
+pub struct R16Q4_1;
+/// Rows16 Q8_0.
+pub struct R16Q8_0;
+
+impl Fmt16 for R16Q4_0 {
+    const BYTES: usize = 16 * 18;
+    const QS: usize = 32;
+    const HAS_M: bool = false;
+    #[inline(always)]
+    unsafe fn sums<L: Lanes16, const NA: usize>(
+        qs: *const u8,
+        a: &[*const u8; NA],
+        acc: &mut [(L::I, L::I); NA],
+        split: bool,
+    ) {
+        unsafe { q4_sums::<L, NA, true>(qs, a, acc, split) }
+    }
+}
+
+impl Fmt16 for R16Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const QS: usize = 64;
+    const HAS_M: bool = true;
+    #[inline(always)]
+    unsafe fn sums<L: Lanes16, const NA: usize>(
+        qs: *const u8,
+        a: &[*const u8; NA],
+        acc: &mut [(L::I, L::I); NA],
+        split: bool,
+    ) {
+        unsafe { q4_sums::<L, NA, false>(qs, a, acc, split) }
+    }
+}
+
+impl Fmt16 for R16Q8_0 {
+    const BYTES: usize = 16 * 34;
+    const QS: usize = 32;
+    const HAS_M: bool = false;
+    #[inline(always)]
+    unsafe fn sums<L: Lanes16, const NA: usize>(
+        qs: *const u8,
+        a: &[*const u8; NA],
+        acc: &mut [(L::I, L::I); NA],
+        split: bool,
+    ) {
+        unsafe {
+            for c in 0..16 {
+                let w = L::load_i8(qs.add(32 * c));
+                for (acc, &a) in acc.iter_mut().zip(a) {
+                    dp_into::<L>(acc, w, a.add(4 * c), split && c % 2 == 1);
+                }
+            }
+        }
+    }
+}
+
+/// One group (16 weight rows, the first `t.n_w - row0` of them real) × `NA` activation rows.
+///
+/// With up to four activation rows each row's block sum runs as two chains (added before the
+/// conversion, exactly), so consecutive multiply-adds do not wait on each other; with more,
+/// the rows themselves are independent chains and one accumulator each saves registers.
+#[inline(always)]
+unsafe fn group<F: Fmt16, L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
+    unsafe {
+        let n_rows = (t.n_w - row0).min(GROUP);
+        let split = NA <= 4;
+        let mut acc = [L::zero_f(); NA];
+        for b in 0..t.nb {
+            let wb = w.add(b * F::BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(wb.wrapping_add(PREFETCH).cast());
+            let a: [*const u8; NA] =
+                std::array::from_fn(|j| t.a.add(j * t.a_stride + b * A16_BYTES));
+            let qa: [*const u8; NA] = a.map(|p| p.add(A16_QS));
+            let mut sums = [(L::zero_i(), L::zero_i()); NA];
+            F::sums::<L, NA>(wb.add(F::QS), &qa, &mut sums, split);
+            let d = L::f16(wb);
+            for j in 0..NA {
+                let sumi = if split {
+                    L::add_i(sums[j].0, sums[j].1)
+                } else {
+                    sums[j].0
+                };
+                acc[j] = L::scale(acc[j], sumi, d, a[j].cast::<f32>().read_unaligned());
+            }
+            if F::HAS_M {
+                let m = L::f16(wb.add(2 * GROUP));
+                for j in 0..NA {
+                    acc[j] = L::offset(acc[j], m, a[j].add(4).cast::<f32>().read_unaligned());
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            L::store(*acc, t.out.add(j * t.out_stride + row0), n_rows);
+        }
+    }
+}
+
+/// A whole [`Tile`] of Rows16 weights: `t.w` is the tile's first group, `t.w_stride` the bytes
+/// of a group, `t.n_w` its rows (the last group may be partial), `1 <= t.n_a <= MAX_ROWS_16`.
+#[inline(always)]
+pub unsafe fn tile<F: Fmt16, L: Lanes16>(t: &Tile) {
+    unsafe {
+        debug_assert!((1..=MAX_ROWS_16).contains(&t.n_a));
+        let mut row0 = 0;
+        while row0 < t.n_w {
+            let w = t.w.add(row0 / GROUP * t.w_stride);
+            // No closures: they would not inherit the target features.
+            match t.n_a {
+                1 => group::<F, L, 1>(t, w, row0),
+                2 => group::<F, L, 2>(t, w, row0),
+                3 => group::<F, L, 3>(t, w, row0),
+                4 => group::<F, L, 4>(t, w, row0),
+                5 => group::<F, L, 5>(t, w, row0),
+                6 => group::<F, L, 6>(t, w, row0),
+                7 => group::<F, L, 7>(t, w, row0),
+                _ => group::<F, L, 8>(t, w, row0),
+            }
+            row0 += GROUP;
+        }
+    }
+}
