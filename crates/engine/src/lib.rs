@@ -29,5 +29,5 @@ pub use request::{FinishReason, Request, RequestId, RequestParams, RequestStatus
 pub use runner::{ModelRunner, PromptLogprob, StepResult};
 pub use sampler::{Sampler, SamplingParams, argmax, top_logprobs};
 pub use scheduler::{Batching, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy};
-pub use scheduler_output::{RequestEvent, ScheduledChunk, SchedulerOutput};
+pub use scheduler_output::{PadChunk, RequestEvent, ScheduledChunk, SchedulerOutput};
 pub use sla::{SlaTargets, StepCoefficients, StepFeatures, StepTimeModel, StepTimeStats};

@@ -6,8 +6,10 @@
 //! sampler outlives preemption, so a seeded request continues its random stream unchanged.
 //!
 //! The KV storage has one block more than the scheduler hands out: the scratch block that
-//! static batching's pad tokens write to (each pad is a one-token chunk at position 0 whose
-//! output is discarded — it costs what a padded slot costs, the matmuls).
+//! static batching's pad rows write to. A pad row (`PadChunk`) runs at its padded position
+//! over a block table that repeats the scratch block, so it costs what a padded slot costs —
+//! the matmuls, attention over the padded length and, for a finished member's slot, the LM
+//! head — and its outputs are discarded.
 
 use std::collections::HashMap;
 
@@ -42,12 +44,11 @@ pub struct ModelRunner {
     samplers: HashMap<RequestId, Sampler>,
     /// Scratch: tokens banned for the request being sampled.
     banned: Vec<u32>,
-    /// Block table of the pad scratch block.
-    pad_table: [u32; 1],
+    /// Block table of pad rows: the scratch block, once per block a sequence can span.
+    pad_table: Vec<u32>,
+    /// Token ids of pad rows (zeros; grown to the longest pad row seen).
+    pad_tokens: Vec<u32>,
 }
-
-/// The token a pad slot runs.
-const PAD: [u32; 1] = [0];
 
 impl ModelRunner {
     /// A runner whose KV storage holds `config.num_blocks` blocks (plus the pad scratch block)
@@ -64,7 +65,8 @@ impl ModelRunner {
             ws,
             samplers: HashMap::new(),
             banned: Vec::new(),
-            pad_table: [num_blocks as u32],
+            pad_table: vec![num_blocks as u32; config.max_model_len.div_ceil(config.block_size)],
+            pad_tokens: Vec::new(),
         }
     }
 
@@ -90,12 +92,20 @@ impl ModelRunner {
     ) -> Result<StepResult, EngineError> {
         let mut exec = tokenmill_trace::scope("execute_model", "engine");
         let prepare = tokenmill_trace::scope("prepare_batch", "engine");
+        let longest_pad = out.pads.iter().map(|p| p.num_tokens).max().unwrap_or(0);
+        if self.pad_tokens.len() < longest_pad {
+            self.pad_tokens.resize(longest_pad, 0);
+        }
         let mut chunks: Vec<SeqChunk<'_>> = out.seq_chunks().collect();
-        chunks.extend((0..out.num_pad_tokens).map(|_| SeqChunk {
-            tokens: &PAD,
-            start_pos: 0,
+        chunks.extend(out.pads.iter().map(|p| SeqChunk {
+            tokens: &self.pad_tokens[..p.num_tokens],
+            start_pos: p.start_pos,
             block_table: &self.pad_table,
-            logits: LogitsWanted::None,
+            logits: if p.logits {
+                LogitsWanted::Last
+            } else {
+                LogitsWanted::None
+            },
         }));
         if exec.is_recording() {
             trace_batch_shape(&mut exec, &chunks);

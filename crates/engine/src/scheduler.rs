@@ -42,8 +42,9 @@
 //! reserving each one's worst-case blocks (the padding a static batch pays), and admit no one
 //! else until the whole batch has finished. The batch also pays for padding in compute, as a
 //! padded batch does: each prompt is padded to the batch's longest, and a member that has
-//! finished keeps its slot until the slowest one is done — `SchedulerOutput::num_pad_tokens`
-//! says how many pad tokens the step runs on top of its chunks.
+//! finished keeps its slot until the slowest one is done, decoding at the batch's position
+//! (attention over the whole padded length, and the LM head) as a padded row does —
+//! `SchedulerOutput::pads` lists the pad rows the step runs on top of its chunks.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -53,7 +54,7 @@ use tokenmill_model::LogitsWanted;
 use crate::error::EngineError;
 use crate::kv_manager::{CachedPrefix, KvCacheManager, PrefixCacheStats};
 use crate::request::{FinishReason, Request, RequestId, RequestStatus};
-use crate::scheduler_output::{RequestEvent, SchedulerOutput};
+use crate::scheduler_output::{PadChunk, RequestEvent, SchedulerOutput};
 use crate::sla::{SlaTargets, StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -336,7 +337,7 @@ impl Scheduler {
                 }
                 let mut budget = self.step_budget(false);
                 self.schedule_running(&mut budget, out);
-                out.num_pad_tokens = self.static_padding();
+                self.static_pads(&mut out.pads);
             }
         }
         self.materialize(out);
@@ -711,25 +712,36 @@ impl Scheduler {
         self.static_batch = longest.map(|l| (self.running.len(), l));
     }
 
-    /// Pad tokens of this static-batching step: prompts starting their prefill are padded to
-    /// the batch's longest, and finished members still occupy their slots.
-    fn static_padding(&self) -> usize {
+    /// Pad rows of this static-batching step: a prompt starting its prefill is padded to the
+    /// batch's longest (the pad tokens follow it, attending over it), and each finished member
+    /// still occupies its slot: one token at the batch's current position, with logits.
+    fn static_pads(&self, pads: &mut Vec<PadChunk>) {
         let Some((members, longest)) = self.static_batch else {
-            return 0;
+            return;
         };
-        let prompt_pads: usize = self
+        for r in self.plan.iter().map(|(id, _)| &self.requests[id]) {
+            let len = r.num_prompt_tokens();
+            if r.num_computed_tokens == 0 && len < longest {
+                pads.push(PadChunk {
+                    num_tokens: longest - len,
+                    start_pos: len,
+                    logits: false,
+                });
+            }
+        }
+        let position = self
             .plan
             .iter()
-            .map(|(id, _)| &self.requests[id])
-            .filter(|r| r.num_computed_tokens == 0)
-            .map(|r| longest - r.num_prompt_tokens())
-            .sum();
-        let idle_slots = if self.plan.is_empty() {
-            0
-        } else {
-            members.saturating_sub(self.running.len())
-        };
-        prompt_pads + idle_slots
+            .map(|(id, _)| self.requests[id].num_computed_tokens)
+            .max();
+        if let Some(start_pos) = position {
+            let idle = members.saturating_sub(self.running.len());
+            pads.extend((0..idle).map(|_| PadChunk {
+                num_tokens: 1,
+                start_pos,
+                logits: true,
+            }));
+        }
     }
 
     /// Writes the final plan into `out`.

@@ -36,6 +36,16 @@ pub struct ScheduledChunk {
     num_blocks: usize,
 }
 
+/// A pad row of a static batch: what a padded slot computes — `num_tokens` tokens from
+/// position `start_pos` (attending over every position before them, as a padded row does) and,
+/// with `logits`, the LM head of its last token. Its outputs are discarded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PadChunk {
+    pub num_tokens: usize,
+    pub start_pos: usize,
+    pub logits: bool,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct SchedulerOutput {
     pub chunks: Vec<ScheduledChunk>,
@@ -48,9 +58,9 @@ pub struct SchedulerOutput {
     /// The step as the cost model sees it, and the time it predicts.
     pub features: StepFeatures,
     pub predicted: Duration,
-    /// Static batching only: pad tokens the step computes besides its chunks (see
-    /// `Scheduler`'s static mode); the runner spends them on a scratch slot.
-    pub num_pad_tokens: usize,
+    /// Static batching only: the pad rows the step computes besides its chunks (see
+    /// `Scheduler`'s static mode); the runner runs them on a scratch block and discards them.
+    pub pads: Vec<PadChunk>,
     /// `[Σ num_tokens]`
     token_ids: Vec<u32>,
     /// `[Σ num_blocks]`
@@ -62,6 +72,11 @@ impl SchedulerOutput {
         SchedulerOutput::default()
     }
 
+    /// Pad tokens of the step (Σ over `pads`).
+    pub fn num_pad_tokens(&self) -> usize {
+        self.pads.iter().map(|p| p.num_tokens).sum()
+    }
+
     /// Empties the output, keeping its buffers.
     pub fn clear(&mut self) {
         self.chunks.clear();
@@ -70,7 +85,7 @@ impl SchedulerOutput {
         self.finished_req_ids.clear();
         self.features = StepFeatures::default();
         self.predicted = Duration::ZERO;
-        self.num_pad_tokens = 0;
+        self.pads.clear();
         self.token_ids.clear();
         self.block_ids.clear();
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::{Driver, params, params_exact, tokens};
 use tokenmill_engine::{
-    Batching, EngineError, Request, RequestId, RequestParams, Scheduler, SchedulerConfig,
+    Batching, EngineError, PadChunk, Request, RequestId, RequestParams, Scheduler, SchedulerConfig,
     SchedulingPolicy,
 };
 use tokenmill_model::LogitsWanted;
@@ -503,20 +503,31 @@ fn static_batching_pays_for_padding() {
     d.submit(2, tokens(2, 8), params_exact(2));
     d.submit(3, tokens(3, 12), params_exact(4));
     d.step();
-    // Prefill: prompts padded to the longest (12): 8 + 4 pad tokens.
+    // Prefill: prompts padded to the longest (12): 8 + 4 pad tokens after their prompts.
     assert_eq!(d.out.chunks.len(), 3);
-    assert_eq!(d.out.num_pad_tokens, 8 + 4);
-    let mut pads = Vec::new();
+    assert_eq!(d.out.num_pad_tokens(), 8 + 4);
+    let pad = |num_tokens, start_pos, logits| PadChunk {
+        num_tokens,
+        start_pos,
+        logits,
+    };
+    assert_eq!(d.out.pads, [pad(8, 4, false), pad(4, 8, false)]);
+    let mut steps = Vec::new();
     while !d.out.is_empty() {
         d.step();
-        pads.push((d.out.chunks.len(), d.out.num_pad_tokens));
+        let position = d.out.chunks.iter().map(|c| c.start_pos).max();
+        steps.push((d.out.chunks.len(), d.out.pads.clone(), position));
     }
-    // Finished members keep their slots: running + pads = 3 on every decode step.
-    assert!(
-        pads[..pads.len() - 1].iter().all(|&(n, p)| n + p == 3),
-        "{pads:?}"
-    );
-    assert!(pads.iter().any(|&(_, p)| p > 0), "{pads:?}");
+    // Finished members keep their slots: running + pads = 3 on every decode step, each pad a
+    // token with logits at the batch's position.
+    for (n, pads, position) in &steps[..steps.len() - 1] {
+        assert_eq!(n + pads.len(), 3, "{steps:?}");
+        assert!(
+            pads.iter().all(|p| *p == pad(1, position.unwrap(), true)),
+            "{steps:?}"
+        );
+    }
+    assert!(steps.iter().any(|(_, p, _)| !p.is_empty()), "{steps:?}");
     d.check_against_reference();
 }
 
