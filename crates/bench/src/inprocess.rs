@@ -18,13 +18,40 @@ pub struct WorkItem {
     pub output_len: usize,
 }
 
-/// `vllm bench serve --dataset-name random`: prompt and output lengths drawn uniformly from
-/// `len × [1 - range_ratio, 1 + range_ratio]`, token ids uniform in `0..vocab`, from `seed`.
+/// How output lengths spread around `--output-len`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputLenDist {
+    /// Uniform over `len × [1 - range_ratio, 1 + range_ratio]` (vLLM's random dataset).
+    #[default]
+    Uniform,
+    /// Exponential with mean `len` (rounded, at least 1, at most `8 × len`): the long tail
+    /// of chat traffic, where most answers are short and a few are very long (ShareGPT's
+    /// output lengths have a standard deviation about their mean, as an exponential does).
+    Exponential,
+}
+
+impl std::str::FromStr for OutputLenDist {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uniform" => Ok(OutputLenDist::Uniform),
+            "exponential" => Ok(OutputLenDist::Exponential),
+            _ => Err(format!(
+                "output length distribution `{s}`: expected uniform or exponential"
+            )),
+        }
+    }
+}
+
+/// `vllm bench serve --dataset-name random`: prompt lengths drawn uniformly from
+/// `len × [1 - range_ratio, 1 + range_ratio]`, output lengths likewise or (`output_dist`)
+/// exponentially around `output_len`, token ids uniform in `0..vocab`, from `seed`.
 pub fn random_workload(
     num_prompts: usize,
     input_len: usize,
     output_len: usize,
     range_ratio: f64,
+    output_dist: OutputLenDist,
     vocab: usize,
     seed: u64,
 ) -> Vec<WorkItem> {
@@ -43,7 +70,15 @@ pub fn random_workload(
     (0..num_prompts)
         .map(|_| {
             let n_in = draw_len(input_len, &mut next);
-            let n_out = draw_len(output_len, &mut next);
+            let n_out = match output_dist {
+                OutputLenDist::Uniform => draw_len(output_len, &mut next),
+                OutputLenDist::Exponential => {
+                    // u in (0, 1]: 53 random bits.
+                    let u = (next() + 1) as f64 / (1u64 << 53) as f64;
+                    let mean = output_len as f64;
+                    (-mean * u.ln()).round().clamp(1.0, 8.0 * mean.max(1.0)) as usize
+                }
+            };
             let prompt = (0..n_in).map(|_| (next() % vocab as u64) as u32).collect();
             WorkItem {
                 prompt,
@@ -126,19 +161,34 @@ mod tests {
 
     #[test]
     fn random_workload_respects_lengths_and_seed() {
-        let a = random_workload(50, 100, 20, 0.5, 1000, 7);
-        assert_eq!(a, random_workload(50, 100, 20, 0.5, 1000, 7));
-        assert_ne!(a, random_workload(50, 100, 20, 0.5, 1000, 8));
+        let u = OutputLenDist::Uniform;
+        let a = random_workload(50, 100, 20, 0.5, u, 1000, 7);
+        assert_eq!(a, random_workload(50, 100, 20, 0.5, u, 1000, 7));
+        assert_ne!(a, random_workload(50, 100, 20, 0.5, u, 1000, 8));
         for w in &a {
             assert!((50..=150).contains(&w.prompt.len()), "{}", w.prompt.len());
             assert!((10..=30).contains(&w.output_len));
             assert!(w.prompt.iter().all(|&t| t < 1000));
         }
-        let fixed = random_workload(5, 64, 8, 0.0, 10, 1);
+        let fixed = random_workload(5, 64, 8, 0.0, u, 10, 1);
         assert!(
             fixed
                 .iter()
                 .all(|w| w.prompt.len() == 64 && w.output_len == 8)
         );
+    }
+
+    #[test]
+    fn exponential_output_lengths_have_the_mean_and_the_spread() {
+        let e = OutputLenDist::Exponential;
+        let w = random_workload(4000, 16, 128, 0.0, e, 1000, 3);
+        let lens: Vec<f64> = w.iter().map(|w| w.output_len as f64).collect();
+        let mean = lens.iter().sum::<f64>() / lens.len() as f64;
+        let sd = (lens.iter().map(|l| (l - mean).powi(2)).sum::<f64>() / lens.len() as f64).sqrt();
+        // Mean 128 and standard deviation ≈ mean, within sampling error of 4000 draws.
+        assert!((mean - 128.0).abs() < 8.0, "mean {mean}");
+        assert!((sd / mean - 1.0).abs() < 0.1, "sd {sd}");
+        assert!(lens.iter().all(|&l| (1.0..=1024.0).contains(&l)));
+        assert!(w.iter().all(|w| w.prompt.len() == 16));
     }
 }

@@ -152,6 +152,36 @@ impl GgufFile {
         }
     }
 
+    /// Tells the OS that this process will not read tensor `t`'s bytes again soon (its loader
+    /// keeps its own repacked copy), so the pages they occupy can leave memory now instead of
+    /// counting in the resident set beside the copy. A later read still sees the same bytes:
+    /// the map is a private read-only file mapping, whose dropped pages fault back in from the
+    /// file. Best effort: a no-op for files held in memory, errors ignored.
+    pub fn release_tensor_pages(&self, t: &TensorInfo) {
+        let Storage::Mmap(m) = &self.storage else {
+            return;
+        };
+        let Some(range) = usize::try_from(t.offset)
+            .ok()
+            .zip(usize::try_from(t.end()).ok())
+            .filter(|&(start, end)| start <= end && end <= m.len())
+        else {
+            return;
+        };
+        #[cfg(unix)]
+        // SAFETY: the mapping is private and never written, so MADV_DONTNEED only drops clean
+        // pages that re-read from the file with the same contents; no reference sees a change.
+        unsafe {
+            let _ = m.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                range.0,
+                range.1 - range.0,
+            );
+        }
+        #[cfg(not(unix))]
+        let _ = range;
+    }
+
     /// `general.architecture` (`"llama"`, `"qwen2"`, ...).
     pub fn architecture(&self) -> Option<&str> {
         self.header.metadata.get_str("general.architecture")

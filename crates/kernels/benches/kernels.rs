@@ -26,7 +26,7 @@ use tokenmill_kernels::attention::{
 };
 use tokenmill_kernels::dispatch::{Kernels, Tier, kernels};
 use tokenmill_kernels::glu::matmul_silu_mul_with;
-use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
+use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, matmul_multi_with, matmul_with};
 use tokenmill_kernels::ops::add_rms_norm;
 use tokenmill_kernels::pool::{ThreadPool, global};
 use tokenmill_kernels::quant::GgmlType;
@@ -55,6 +55,19 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> QMatrix<'_> {
     QMatrix::new(ty, rows, cols, data)
 }
 
+/// The matrix as GGUF stores it and, for Q4_0/Q4_1/Q8_0, repacked into Rows16 as the model
+/// loads it — with a label for the benchmark id.
+fn layouts<'a>(
+    m: QMatrix<'a>,
+    packed: &'a Option<PackedMatrix>,
+) -> Vec<(&'static str, QMatrix<'a>)> {
+    let mut v = vec![("", m)];
+    if let Some(p) = packed {
+        v.push(("_rows16", p.view()));
+    }
+    v
+}
+
 fn bench_matmul(c: &mut Criterion) {
     let mut rng = SplitMix64::new(7);
     let one = ThreadPool::new(1);
@@ -65,14 +78,17 @@ fn bench_matmul(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("matmul/{}", tier.name()));
         for ty in TYPES {
             let w = weights(&mut rng, ty, rows, cols);
-            let m = matrix(ty, rows, cols, &w);
-            for tokens in [1usize, 64] {
-                let x = random_f32_row(&mut rng, tokens * cols, 1.0);
-                let mut out = vec![0f32; tokens * rows];
-                g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
-                g.bench_function(BenchmarkId::new(ty.to_string(), tokens), |b| {
-                    b.iter(|| matmul_with(&one, &kern, black_box(&x), &m, &mut out))
-                });
+            let ggml = matrix(ty, rows, cols, &w);
+            let packed = PackedMatrix::pack(&ggml);
+            for (layout, m) in layouts(ggml, &packed) {
+                for tokens in [1usize, 64] {
+                    let x = random_f32_row(&mut rng, tokens * cols, 1.0);
+                    let mut out = vec![0f32; tokens * rows];
+                    g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+                    g.bench_function(BenchmarkId::new(format!("{ty}{layout}"), tokens), |b| {
+                        b.iter(|| matmul_with(&one, &kern, black_box(&x), &m, &mut out))
+                    });
+                }
             }
         }
         g.finish();
@@ -84,15 +100,18 @@ fn bench_matmul(c: &mut Criterion) {
         (GgmlType::Q8_0, 49152, HIDDEN),
     ] {
         let w = weights(&mut rng, ty, rows, cols);
-        let m = matrix(ty, rows, cols, &w);
-        for tokens in [1usize, 32, 512] {
-            let x = random_f32_row(&mut rng, tokens * cols, 1.0);
-            let mut out = vec![0f32; tokens * rows];
-            g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
-            let id = format!("{ty}_{rows}x{cols}");
-            g.bench_function(BenchmarkId::new(id, tokens), |b| {
-                b.iter(|| matmul_with(global(), kernels(), black_box(&x), &m, &mut out))
-            });
+        let ggml = matrix(ty, rows, cols, &w);
+        let packed = PackedMatrix::pack(&ggml);
+        for (layout, m) in layouts(ggml, &packed) {
+            for tokens in [1usize, 32, 512] {
+                let x = random_f32_row(&mut rng, tokens * cols, 1.0);
+                let mut out = vec![0f32; tokens * rows];
+                g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+                let id = format!("{ty}{layout}_{rows}x{cols}");
+                g.bench_function(BenchmarkId::new(id, tokens), |b| {
+                    b.iter(|| matmul_with(global(), kernels(), black_box(&x), &m, &mut out))
+                });
+            }
         }
     }
     g.finish();
@@ -123,7 +142,12 @@ fn bench_fused(c: &mut Criterion) {
             weights(&mut rng, ty, FFN, HIDDEN),
             weights(&mut rng, ty, FFN, HIDDEN),
         );
-        let (gate, up) = (matrix(ty, FFN, HIDDEN, &wg), matrix(ty, FFN, HIDDEN, &wu));
+        // Repacked into Rows16, as the model loads them.
+        let (pg, pu) = (
+            PackedMatrix::pack(&matrix(ty, FFN, HIDDEN, &wg)).expect("Q4_1 packs"),
+            PackedMatrix::pack(&matrix(ty, FFN, HIDDEN, &wu)).expect("Q4_1 packs"),
+        );
+        let (gate, up) = (pg.view(), pu.view());
         let xin = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
         let mut h = vec![0f32; tokens * FFN];
         g.throughput(Throughput::Elements((2 * FFN * HIDDEN * tokens) as u64));

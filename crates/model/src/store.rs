@@ -123,9 +123,13 @@ impl WeightStore {
         Ok(self.linear_of(t, rows, cols))
     }
 
-    /// A [`Linear`] over `t`, repacked into Rows16 when its type has that layout.
+    /// A [`Linear`] over `t`, repacked into Rows16 when its type has that layout (the mapped
+    /// pages of the original are then released: nothing reads them again).
     fn linear_of(&self, t: TensorRef, rows: usize, cols: usize) -> Linear {
         let packed = PackedMatrix::pack(&QMatrix::new(t.ty, rows, cols, self.data(&t)));
+        if let (Some(_), WeightStore::Gguf(f), Loc::Gguf(info)) = (&packed, self, &t.loc) {
+            f.release_tensor_pages(info);
+        }
         Linear {
             t,
             rows,

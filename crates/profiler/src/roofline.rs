@@ -2,7 +2,8 @@
 //! thread count the model uses.
 //!
 //! - **Integer dot peak** (`int_gflops`): tokenmill's own `matmul` on a cache-resident Q4_1
-//!   weight (512 × 1024, ~0.3 MiB) against 64 activation rows — the quantized integer path
+//!   weight (512 × 1024, ~0.3 MiB, repacked into Rows16 as the model loads it) against 64
+//!   activation rows — the quantized integer path
 //!   every linear layer takes, with no memory traffic to speak of. FLOPs are counted as
 //!   `2 · rows · cols · tokens` like the model's.
 //! - **f32 FMA peak** (`f32_gflops`): the kernel table's f32 dot over L1-resident vectors on
@@ -16,7 +17,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokenmill_kernels::matmul::{QMatrix, dot, matmul};
+use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, dot, matmul};
 use tokenmill_kernels::quant::{GgmlType, quantize_row};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -76,7 +77,9 @@ fn int_dot_gflops() -> f64 {
     for r in data.chunks_exact_mut(row_bytes) {
         quantize_row(ty, &src, r);
     }
-    let w = QMatrix::new(ty, rows, cols, &data);
+    // Repacked into Rows16, as the model loads its Q4_1 weights.
+    let packed = PackedMatrix::pack(&QMatrix::new(ty, rows, cols, &data)).expect("Q4_1 packs");
+    let w = packed.view();
     let x: Vec<f32> = (0..tokens * cols).map(|i| (i % 5) as f32 * 0.1).collect();
     let mut out = vec![0f32; tokens * rows];
     let flops = 2.0 * (rows * cols * tokens) as f64;

@@ -2,7 +2,7 @@
 //! in `vllm bench serve`'s labels — to compare batching modes and SLA targets on the engine
 //! alone.
 
-use tokenmill_bench::inprocess::{random_workload, run_closed_loop};
+use tokenmill_bench::inprocess::{OutputLenDist, random_workload, run_closed_loop};
 use tokenmill_bench::runner::RunResult;
 use tokenmill_bench::stats::{Slo, Summary};
 use tokenmill_engine::{RequestParams, SamplingParams};
@@ -23,9 +23,14 @@ pub struct BenchEngineArgs {
     pub input_len: usize,
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
-    /// Lengths are drawn from len × [1 − r, 1 + r].
+    /// Lengths are drawn from len × [1 − r, 1 + r] (output lengths: with the uniform
+    /// --output-len-dist).
     #[arg(long, default_value_t = 0.0)]
     pub range_ratio: f64,
+    /// How output lengths spread: `uniform` (--range-ratio) or `exponential` (mean
+    /// --output-len, the long tail of chat traffic; at most 8 × --output-len).
+    #[arg(long, default_value = "uniform")]
+    pub output_len_dist: OutputLenDist,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Percentiles to report.
@@ -47,6 +52,7 @@ pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
         args.input_len,
         args.output_len,
         args.range_ratio,
+        args.output_len_dist,
         vocab,
         args.seed,
     );
