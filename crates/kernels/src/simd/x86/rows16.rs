@@ -295,7 +295,7 @@ impl<D: Dp256> Lanes16 for Y256<D> {
     }
 }
 
-/// A Rows16 weight format: how its quants widen and whether it has offsets.
+/// A Rows16 weight format: where its quants are, how they widen, whether it has offsets.
 pub trait Fmt16 {
     /// Bytes of a group-block.
     const BYTES: usize;
@@ -303,15 +303,41 @@ pub trait Fmt16 {
     const QS: usize;
     /// Has the per-row offset `m` (Q4_1).
     const HAS_M: bool;
-    /// Adds `Σ w · a_j` of the group-block's quants at `qs` and the A16 quants at `a[j]` to
-    /// `acc[j]`, each weight chunk widened once for every row: into two accumulators per row
-    /// when `split` (the caller adds them), else into `acc[j].0` alone.
-    unsafe fn sums<L: Lanes16, const NA: usize>(
-        qs: *const u8,
-        a: &[*const u8; NA],
-        acc: &mut [(L::I, L::I); NA],
-        split: bool,
-    );
+    /// Quants are nibbles (Q4_0, Q4_1), else bytes (Q8_0).
+    const NIBBLES: bool;
+    /// Nibbles are stored `+ 8` (Q4_0).
+    const SUB8: bool;
+}
+
+/// Rows16 Q4_0.
+pub struct R16Q4_0;
+/// Rows16 Q4_1.
+pub struct R16Q4_1;
+/// Rows16 Q8_0.
+pub struct R16Q8_0;
+
+impl Fmt16 for R16Q4_0 {
+    const BYTES: usize = 16 * 18;
+    const QS: usize = 32;
+    const HAS_M: bool = false;
+    const NIBBLES: bool = true;
+    const SUB8: bool = true;
+}
+
+impl Fmt16 for R16Q4_1 {
+    const BYTES: usize = 16 * 20;
+    const QS: usize = 64;
+    const HAS_M: bool = true;
+    const NIBBLES: bool = true;
+    const SUB8: bool = false;
+}
+
+impl Fmt16 for R16Q8_0 {
+    const BYTES: usize = 16 * 34;
+    const QS: usize = 32;
+    const HAS_M: bool = false;
+    const NIBBLES: bool = false;
+    const SUB8: bool = false;
 }
 
 /// `acc += w · a` into the first or (`second`) the second accumulator.
@@ -326,78 +352,31 @@ unsafe fn dp_into<L: Lanes16>(acc: &mut (L::I, L::I), w: L::I, a: *const u8, sec
     }
 }
 
-/// Q4 quants: chunk `c` holds pairs `c` (low nibbles) and `c + 8` (high nibbles).
+/// Adds `Σ w · a_j` of the group-block's quants at `qs` and the A16 quants at `a[j]` to
+/// `acc[j]`, each weight chunk widened once for every row: into two accumulators per row when
+/// `split` (the caller adds them), else into `acc[j].0` alone. Q4 chunk `c` holds pairs `c`
+/// (low nibbles) and `c + 8` (high nibbles); Q8 chunk `c` holds pair `c`.
 #[inline(always)]
-unsafe fn q4_sums<L: Lanes16, const NA: usize, const SUB8: bool>(
+unsafe fn sums<F: Fmt16, L: Lanes16, const NA: usize>(
     qs: *const u8,
     a: &[*const u8; NA],
     acc: &mut [(L::I, L::I); NA],
     split: bool,
 ) {
     unsafe {
-        for c in 0..8 {
-            let (mut lo, mut hi) = L::nibbles(L::load_u8(qs.add(32 * c)));
-            if SUB8 {
-                lo = L::sub8(lo);
-                hi = L::sub8(hi);
+        if F::NIBBLES {
+            for c in 0..8 {
+                let (mut lo, mut hi) = L::nibbles(L::load_u8(qs.add(32 * c)));
+                if F::SUB8 {
+                    lo = L::sub8(lo);
+                    hi = L::sub8(hi);
+                }
+                for (acc, &a) in acc.iter_mut().zip(a) {
+                    dp_into::<L>(acc, lo, a.add(4 * c), false);
+                    dp_into::<L>(acc, hi, a.add(4 * (c + 8)), split);
+                }
             }
-            for (acc, &a) in acc.iter_mut().zip(a) {
-                dp_into::<L>(acc, lo, a.add(4 * c), false);
-                dp_into::<L>(acc, hi, a.add(4 * (c + 8)), split);
-            }
-        }
-    }
-}
-
-/// Rows16 Q4_0.
-pub struct R16Q4_0;
-/// Rows16 Q4_1.
-pub struct R16Q4_1;
-/// Rows16 Q8_0.
-pub struct R16Q8_0;
-
-impl Fmt16 for R16Q4_0 {
-    const BYTES: usize = 16 * 18;
-    const QS: usize = 32;
-    const HAS_M: bool = false;
-    #[inline(always)]
-    unsafe fn sums<L: Lanes16, const NA: usize>(
-        qs: *const u8,
-        a: &[*const u8; NA],
-        acc: &mut [(L::I, L::I); NA],
-        split: bool,
-    ) {
-        unsafe { q4_sums::<L, NA, true>(qs, a, acc, split) }
-    }
-}
-
-impl Fmt16 for R16Q4_1 {
-    const BYTES: usize = 16 * 20;
-    const QS: usize = 64;
-    const HAS_M: bool = true;
-    #[inline(always)]
-    unsafe fn sums<L: Lanes16, const NA: usize>(
-        qs: *const u8,
-        a: &[*const u8; NA],
-        acc: &mut [(L::I, L::I); NA],
-        split: bool,
-    ) {
-        unsafe { q4_sums::<L, NA, false>(qs, a, acc, split) }
-    }
-}
-
-impl Fmt16 for R16Q8_0 {
-    const BYTES: usize = 16 * 34;
-    const QS: usize = 32;
-    const HAS_M: bool = false;
-    #[inline(always)]
-    unsafe fn sums<L: Lanes16, const NA: usize>(
-        qs: *const u8,
-        a: &[*const u8; NA],
-        acc: &mut [(L::I, L::I); NA],
-        split: bool,
-    ) {
-        unsafe {
+        } else {
             for c in 0..16 {
                 let w = L::load_i8(qs.add(32 * c));
                 for (acc, &a) in acc.iter_mut().zip(a) {
@@ -425,14 +404,14 @@ unsafe fn group<F: Fmt16, L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, r
             let a: [*const u8; NA] =
                 std::array::from_fn(|j| t.a.add(j * t.a_stride + b * A16_BYTES));
             let qa: [*const u8; NA] = a.map(|p| p.add(A16_QS));
-            let mut sums = [(L::zero_i(), L::zero_i()); NA];
-            F::sums::<L, NA>(wb.add(F::QS), &qa, &mut sums, split);
+            let mut acc_i = [(L::zero_i(), L::zero_i()); NA];
+            sums::<F, L, NA>(wb.add(F::QS), &qa, &mut acc_i, split);
             let d = L::f16(wb);
             for j in 0..NA {
                 let sumi = if split {
-                    L::add_i(sums[j].0, sums[j].1)
+                    L::add_i(acc_i[j].0, acc_i[j].1)
                 } else {
-                    sums[j].0
+                    acc_i[j].0
                 };
                 acc[j] = L::scale(acc[j], sumi, d, a[j].cast::<f32>().read_unaligned());
             }
