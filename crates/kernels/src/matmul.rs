@@ -14,8 +14,10 @@
 //!    (about eight chunks per thread, so both cores stay busy for `n` as small as a few
 //!    hundred and a slow thread does not hold up the rest);
 //! 3. inside a chunk, a tile of weight rows (~16 KiB, L1-resident) is swept against the token
-//!    rows in groups of the kernel's `max_rows`: each weight block is decoded once per group by the
-//!    tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
+//!    rows in groups of the kernel's `max_rows`: each weight block is decoded once per group
+//!    by the tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
+//!    Rows16 weights ([`PackedMatrix`], what the model loads Q4_0/Q4_1/Q8_0 as) take kernels
+//!    that advance 16 rows per instruction; their chunks and tiles are whole groups.
 //!
 //! Float weights (F32/F16/BF16): from 16 token rows up (prefill), through the `gemm` crate —
 //! tiles of ~256 KiB of weight rows on a fixed grid, converted to f32 into a thread-local
@@ -166,17 +168,17 @@ impl PackedMatrix {
         {
             return None;
         }
-        let bytes = rows16::pack(w.ty, w.rows, w.cols, w.data);
-        let mut lines = vec![CacheLine([0; 64]); bytes.len().div_ceil(64)];
-        for (line, chunk) in lines.iter_mut().zip(bytes.chunks(64)) {
-            line.0[..chunk.len()].copy_from_slice(chunk);
-        }
+        let len = rows16::packed_bytes(w.ty, w.rows, w.cols);
+        let mut lines = vec![CacheLine([0; 64]); len.div_ceil(64)];
+        // SAFETY: `lines` is `len.div_ceil(64)` initialised 64-byte lines of plain bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) };
+        rows16::pack_into(w.ty, w.rows, w.cols, w.data, bytes);
         Some(PackedMatrix {
             ty: w.ty,
             rows: w.rows,
             cols: w.cols,
             lines,
-            len: bytes.len(),
+            len,
         })
     }
 

@@ -50,11 +50,21 @@ pub const fn quants_offset(ty: GgmlType) -> usize {
 /// Panics if `ty` has no Rows16 layout, `cols` is not a multiple of 32 or `data` is shorter
 /// than the matrix.
 pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; packed_bytes(ty, rows, cols)];
+    pack_into(ty, rows, cols, data, &mut out);
+    out
+}
+
+/// [`pack`] into `out` (exactly [`packed_bytes`] bytes; overwritten).
+///
+/// Panics as [`pack`] does, or if `out` has another length.
+pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) {
     assert!(supports(ty), "no Rows16 layout for {ty}");
     assert!(cols.is_multiple_of(QK), "{cols} columns");
     let (nb, ts) = (cols / QK, ty.type_size());
     assert!(data.len() >= rows * nb * ts, "weight bytes");
-    let mut out = vec![0u8; packed_bytes(ty, rows, cols)];
+    assert_eq!(out.len(), packed_bytes(ty, rows, cols), "packed bytes");
+    out.fill(0);
     for (r, row) in data[..rows * nb * ts].chunks_exact(nb * ts).enumerate() {
         let (g, lane) = (r / GROUP, r % GROUP);
         for (b, block) in row.chunks_exact(ts).enumerate() {
@@ -85,7 +95,6 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
             }
         }
     }
-    out
 }
 
 /// The 32 nibbles of a Q4 block in column order (ggml: byte `j` = columns `j`, `j + 16`).
