@@ -138,6 +138,39 @@ fn greedy_output_is_the_same_alone_batched_chunked_and_preempted() {
     );
 }
 
+/// Static batching's pad rows (prompts padded to the longest, finished members decoding at the
+/// batch's position on the scratch block) must not touch any real sequence: each request
+/// generates what it generates alone.
+#[test]
+fn static_batching_pads_do_not_change_any_output() {
+    let prompts: Vec<Vec<u32>> = prompts().into_iter().cycle().take(6).collect();
+    let lengths = [3, 24, 9, 17, 1, 30];
+    let alone_engine = engine(small_config());
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .zip(lengths)
+        .map(|(pr, n)| {
+            collect(alone_engine.submit(pr.clone(), params(n, SamplingParams::greedy()))).0
+        })
+        .collect();
+    drop(alone_engine);
+    let h = engine(SchedulerConfig {
+        batching: tokenmill_engine::Batching::Static {
+            max_wait: std::time::Duration::from_secs(5),
+        },
+        max_num_seqs: prompts.len(),
+        ..small_config()
+    });
+    let streams: Vec<RequestStream> = prompts
+        .iter()
+        .zip(lengths)
+        .map(|(pr, n)| h.submit(pr.clone(), params(n, SamplingParams::greedy())))
+        .collect();
+    let batched: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).0).collect();
+    assert_eq!(batched, alone, "static batch != alone");
+    assert!(batched.iter().zip(lengths).all(|(t, n)| t.len() == n));
+}
+
 #[test]
 fn prefix_cache_hit_skips_cached_tokens_and_changes_nothing() {
     let h = engine(small_config());
