@@ -82,6 +82,38 @@ pub struct Prompt {
     pub output_len: usize,
 }
 
+/// How output lengths spread around `--output-len`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OutputLenDist {
+    /// Uniform over `len × [1 - range_ratio, 1 + range_ratio]` (vLLM's random dataset).
+    #[default]
+    Uniform,
+    /// Exponential with mean `len` ([`exponential_len`]): the long tail
+    /// of chat traffic, where most answers are short and a few are very long (ShareGPT's
+    /// output lengths have a standard deviation about their mean, as an exponential does).
+    Exponential,
+}
+
+impl std::str::FromStr for OutputLenDist {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "uniform" => Ok(OutputLenDist::Uniform),
+            "exponential" => Ok(OutputLenDist::Exponential),
+            _ => Err(format!(
+                "output length distribution `{s}`: expected uniform or exponential"
+            )),
+        }
+    }
+}
+
+/// The exponential length of mean `mean` at uniform `u` in (0, 1]: `-mean · ln u`, rounded,
+/// at least 1 and at most `8 × mean` (a tail beyond that has probability e^-8).
+pub fn exponential_len(mean: usize, u: f64) -> usize {
+    let mean = mean.max(1) as f64;
+    (-mean * u.ln()).round().clamp(1.0, 8.0 * mean) as usize
+}
+
 /// `--dataset-name random`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RandomSpec {
@@ -89,6 +121,8 @@ pub struct RandomSpec {
     pub input_len: usize,
     pub output_len: usize,
     pub range_ratio: f64,
+    /// How output lengths spread (uniform by `range_ratio`, or exponential).
+    pub output_dist: OutputLenDist,
     pub prefix_len: usize,
     pub seed: u64,
 }
@@ -132,7 +166,12 @@ pub fn random_prompts(
     let mut out = Vec::with_capacity(spec.num_prompts);
     for _ in 0..spec.num_prompts {
         let n_in = draw_len(&mut rng, spec.input_len, spec.range_ratio);
-        let n_out = draw_len(&mut rng, spec.output_len, spec.range_ratio);
+        let n_out = match spec.output_dist {
+            OutputLenDist::Uniform => draw_len(&mut rng, spec.output_len, spec.range_ratio),
+            OutputLenDist::Exponential => {
+                exponential_len(spec.output_len, 1.0 - rng.random::<f64>())
+            }
+        };
         let mut prompt = prefix.clone();
         prompt.extend(draw(&mut rng, n_in));
         let target = prompt.len();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokenmill_engine::{EngineHandle, RequestParams, StreamEvent};
 
+use crate::dataset::{OutputLenDist, exponential_len};
 use crate::stats::{ErrorKind, RequestError, RequestRecord};
 
 /// One request of a workload: prompt ids and the number of tokens to generate.
@@ -16,31 +17,6 @@ use crate::stats::{ErrorKind, RequestError, RequestRecord};
 pub struct WorkItem {
     pub prompt: Vec<u32>,
     pub output_len: usize,
-}
-
-/// How output lengths spread around `--output-len`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OutputLenDist {
-    /// Uniform over `len × [1 - range_ratio, 1 + range_ratio]` (vLLM's random dataset).
-    #[default]
-    Uniform,
-    /// Exponential with mean `len` (rounded, at least 1, at most `8 × len`): the long tail
-    /// of chat traffic, where most answers are short and a few are very long (ShareGPT's
-    /// output lengths have a standard deviation about their mean, as an exponential does).
-    Exponential,
-}
-
-impl std::str::FromStr for OutputLenDist {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "uniform" => Ok(OutputLenDist::Uniform),
-            "exponential" => Ok(OutputLenDist::Exponential),
-            _ => Err(format!(
-                "output length distribution `{s}`: expected uniform or exponential"
-            )),
-        }
-    }
 }
 
 /// `vllm bench serve --dataset-name random`: prompt lengths drawn uniformly from
@@ -72,11 +48,9 @@ pub fn random_workload(
             let n_in = draw_len(input_len, &mut next);
             let n_out = match output_dist {
                 OutputLenDist::Uniform => draw_len(output_len, &mut next),
+                // u in (0, 1]: 53 random bits.
                 OutputLenDist::Exponential => {
-                    // u in (0, 1]: 53 random bits.
-                    let u = (next() + 1) as f64 / (1u64 << 53) as f64;
-                    let mean = output_len as f64;
-                    (-mean * u.ln()).round().clamp(1.0, 8.0 * mean.max(1.0)) as usize
+                    exponential_len(output_len, (next() + 1) as f64 / (1u64 << 53) as f64)
                 }
             };
             let prompt = (0..n_in).map(|_| (next() % vocab as u64) as u32).collect();

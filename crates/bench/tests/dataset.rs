@@ -3,7 +3,8 @@
 //! their errors).
 
 use tokenmill_bench::dataset::{
-    DatasetError, PromptFormat, PromptInput, RandomSpec, drawable_ids, file_prompts, random_prompts,
+    DatasetError, OutputLenDist, PromptFormat, PromptInput, RandomSpec, drawable_ids, file_prompts,
+    random_prompts,
 };
 use tokenmill_tokenizer::Tokenizer;
 
@@ -17,6 +18,7 @@ fn spec() -> RandomSpec {
         input_len: 64,
         output_len: 16,
         range_ratio: 0.0,
+        output_dist: OutputLenDist::Uniform,
         prefix_len: 0,
         seed: 5,
     }
@@ -56,6 +58,26 @@ fn random_token_prompts_have_exact_lengths_and_shared_prefix() {
     for p in random_prompts(&ranged, &t, PromptFormat::Tokens).unwrap() {
         assert!((32..=96).contains(&p.prompt_len) && (8..=24).contains(&p.output_len));
     }
+    // Exponential output lengths: prompts keep their range, outputs spread around the mean
+    // with a long tail (mean 16, at most 8 × 16).
+    let tail = RandomSpec {
+        num_prompts: 400,
+        range_ratio: 0.5,
+        output_dist: OutputLenDist::Exponential,
+        ..spec()
+    };
+    let outs: Vec<usize> = random_prompts(&tail, &t, PromptFormat::Tokens)
+        .unwrap()
+        .iter()
+        .map(|p| {
+            assert!((32..=96).contains(&p.prompt_len));
+            p.output_len
+        })
+        .collect();
+    let mean = outs.iter().sum::<usize>() as f64 / outs.len() as f64;
+    assert!((mean - 16.0).abs() < 2.5, "mean {mean}");
+    assert!(outs.iter().all(|&n| (1..=128).contains(&n)));
+    assert!(outs.iter().any(|&n| n > 48), "no tail: {outs:?}");
     let bad = RandomSpec {
         range_ratio: 1.0,
         ..spec()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde_json::Value;
 use tokenmill_bench::arrival::Arrival;
 use tokenmill_bench::client::{Endpoint, RequestOptions, Target, served_model};
-use tokenmill_bench::dataset::{PromptFormat, RandomSpec, random_prompts};
+use tokenmill_bench::dataset::{OutputLenDist, PromptFormat, RandomSpec, random_prompts};
 use tokenmill_bench::memory::MemorySource;
 use tokenmill_bench::plot::sweep_plots;
 use tokenmill_bench::report::{Sla, best_under_sla};
@@ -93,6 +93,7 @@ async fn short_runs_against_tokenmill_serve() {
         input_len: 16,
         output_len: 8,
         range_ratio: 0.0,
+        output_dist: OutputLenDist::Uniform,
         prefix_len: 0,
         seed: 3,
     };

@@ -14,7 +14,9 @@ use anyhow::{Context, bail};
 use serde_json::{Value, json};
 use tokenmill_bench::arrival::Arrival;
 use tokenmill_bench::client::{Endpoint, RequestOptions, Target, served_model};
-use tokenmill_bench::dataset::{PromptFormat, RandomSpec, file_prompts, random_prompts};
+use tokenmill_bench::dataset::{
+    OutputLenDist, PromptFormat, RandomSpec, file_prompts, random_prompts,
+};
 use tokenmill_bench::memory::MemorySource;
 use tokenmill_bench::report::{Sla, render_compare, render_sweep};
 use tokenmill_bench::runner::{
@@ -56,9 +58,14 @@ pub struct BenchArgs {
     /// Output tokens per request (overrides a dataset file's lengths when given).
     #[arg(long)]
     pub output_len: Option<usize>,
-    /// Lengths are drawn from len × [1 − r, 1 + r].
+    /// Lengths are drawn from len × [1 − r, 1 + r] (output lengths: with the uniform
+    /// --output-len-dist).
     #[arg(long, default_value_t = 0.0)]
     pub range_ratio: f64,
+    /// How random output lengths spread: `uniform` (--range-ratio) or `exponential` (mean
+    /// --output-len, the long tail of chat traffic; at most 8 × --output-len).
+    #[arg(long, default_value = "uniform")]
+    pub output_len_dist: OutputLenDist,
     /// Tokens of a prefix shared by every random prompt (added to --input-len).
     #[arg(long, default_value_t = 0)]
     pub prefix_len: usize,
@@ -196,6 +203,7 @@ fn workload<'a>(args: &'a BenchArgs, tok: &'a Tokenizer) -> Box<Workload<'a>> {
                     input_len: args.input_len,
                     output_len: args.output_len.unwrap_or(128),
                     range_ratio: args.range_ratio,
+                    output_dist: args.output_len_dist,
                     prefix_len: args.prefix_len,
                     seed,
                 };

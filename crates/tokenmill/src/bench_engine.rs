@@ -2,7 +2,8 @@
 //! in `vllm bench serve`'s labels — to compare batching modes and SLA targets on the engine
 //! alone.
 
-use tokenmill_bench::inprocess::{OutputLenDist, random_workload, run_closed_loop};
+use tokenmill_bench::dataset::OutputLenDist;
+use tokenmill_bench::inprocess::{random_workload, run_closed_loop};
 use tokenmill_bench::runner::RunResult;
 use tokenmill_bench::stats::{Slo, Summary};
 use tokenmill_engine::{RequestParams, SamplingParams};

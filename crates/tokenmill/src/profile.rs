@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use serde_json::json;
-use tokenmill_bench::inprocess::{OutputLenDist, WorkItem, random_workload, run_closed_loop};
+use tokenmill_bench::dataset::OutputLenDist;
+use tokenmill_bench::inprocess::{WorkItem, random_workload, run_closed_loop};
 use tokenmill_bench::stats::Summary;
 use tokenmill_engine::{EngineHandle, RequestParams, SamplingParams};
 use tokenmill_gguf::GgufFile;
