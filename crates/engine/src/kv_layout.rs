@@ -8,7 +8,8 @@
 //!   token per layer (`kv_lora_rank + rope_dim` elements; K and V are re-expanded from it, so
 //!   there is no separate V).
 //!
-//! Sizing: `num_blocks = budget / (block_size · bytes_per_token)`, where the budget is either a
+//! Sizing: `num_blocks = budget / (block_size · bytes_per_token)` (bytes per element from the
+//! `--kv-cache-dtype`: an f16 cache holds twice the tokens), where the budget is either a
 //! byte count or a fraction of physical memory ([`KvCacheMemory`], the `--kv-cache-memory`
 //! flag's value). Pure functions; the only I/O is [`system_memory_bytes`].
 
@@ -206,6 +207,8 @@ mod tests {
         let half = KvCacheMemory::FractionOfRam(0.5).resolve(8 << 30);
         assert_eq!(half, 4 << 30);
         assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, 4, 1000), 0);
+        // An f16 cache: twice the blocks in the same budget.
+        assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, 2, one_gib), 2 * 1456);
     }
 
     #[test]

@@ -31,3 +31,4 @@ pub use sampler::{Sampler, SamplingParams, argmax, top_logprobs};
 pub use scheduler::{Batching, Scheduler, SchedulerConfig, SchedulerStats, SchedulingPolicy};
 pub use scheduler_output::{PadChunk, RequestEvent, ScheduledChunk, SchedulerOutput};
 pub use sla::{SlaTargets, StepCoefficients, StepFeatures, StepTimeModel, StepTimeStats};
+pub use tokenmill_model::KvDtype;

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use tokenmill_model::{LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
+use tokenmill_model::{KvDtype, LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
 
 use crate::error::EngineError;
 use crate::request::RequestId;
@@ -51,13 +51,23 @@ pub struct ModelRunner {
 }
 
 impl ModelRunner {
-    /// A runner whose KV storage holds `config.num_blocks` blocks (plus the pad scratch block)
-    /// and whose workspace is sized for the step limits up front, so steps within them never
-    /// allocate activation memory.
+    /// A runner whose f32 KV storage holds `config.num_blocks` blocks (plus the pad scratch
+    /// block) and whose workspace is sized for the step limits up front, so steps within them
+    /// never allocate activation memory.
     pub fn new(model: impl Into<Model>, config: &SchedulerConfig) -> ModelRunner {
+        ModelRunner::with_kv_dtype(model, config, KvDtype::F32)
+    }
+
+    /// [`ModelRunner::new`] with K/V stored as `kv_dtype` (`--kv-cache-dtype`; size
+    /// `config.num_blocks` with [`Model::kv_elem_bytes`] of it).
+    pub fn with_kv_dtype(
+        model: impl Into<Model>,
+        config: &SchedulerConfig,
+        kv_dtype: KvDtype,
+    ) -> ModelRunner {
         let model = model.into();
         let num_blocks = config.num_blocks;
-        let kv = model.kv_cache(num_blocks + 1, config.block_size);
+        let kv = model.kv_cache_with_dtype(num_blocks + 1, config.block_size, kv_dtype);
         let ws = model.workspace(config.max_num_batched_tokens, config.max_num_seqs);
         ModelRunner {
             model,

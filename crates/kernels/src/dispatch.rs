@@ -20,11 +20,12 @@
 //! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |
 //! | Q8_K activation quantizer | reference | reference |
 //! | f32 dot | scalar | FMA |
-//! | attention tile / merge (head dim a multiple of the lanes) | reference | AVX2 (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
+//! | attention tile / merge (head dim a multiple of the lanes), f32 or f16 K/V | reference | AVX2 + F16C (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
 //! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 
 use std::sync::OnceLock;
 
+use crate::attention::KvElem;
 use crate::matmul::{Layout, QMatrix};
 use crate::quant::GgmlType;
 use crate::quant::rows16::GROUP;
@@ -326,13 +327,13 @@ impl DotKernel {
 
 /// The attention kernels of one head dimension (see [`Kernels::attention`]).
 #[derive(Clone, Copy)]
-pub(crate) struct AttnKernels {
-    tile: AttnTileFn,
+pub(crate) struct AttnKernels<T = f32> {
+    tile: AttnTileFn<T>,
     merge: AttnMergeFn,
     head_dim: usize,
 }
 
-impl AttnKernels {
+impl<T> AttnKernels<T> {
     /// One online-softmax tile step.
     ///
     /// # Safety
@@ -340,7 +341,7 @@ impl AttnKernels {
     /// The pointers of `t` as [`AttnTile`] documents them, and its state not accessed by
     /// anyone else during the call. (`t.head_dim` is checked.)
     #[inline]
-    pub(crate) unsafe fn tile(&self, t: &AttnTile) {
+    pub(crate) unsafe fn tile(&self, t: &AttnTile<T>) {
         assert_eq!(t.head_dim, self.head_dim, "attention head dim");
         // SAFETY: pointers guaranteed by the caller; the head dim is one this table's
         // kernel supports (`Kernels::attention`), on a CPU with its features.
@@ -466,15 +467,15 @@ impl Kernels {
         unsafe { self.quantizer(act)(x, y) }
     }
 
-    /// The attention kernels for heads of `head_dim`: this tier's when `head_dim` is a
-    /// multiple of its lanes, else the scalar tier's (chosen per call site, once per layer
-    /// call: every row of a model then takes the same kernel).
-    pub(crate) fn attention(&self, head_dim: usize) -> AttnKernels {
+    /// The attention kernels for heads of `head_dim` over a K/V store of `T`: this tier's
+    /// when `head_dim` is a multiple of its lanes, else the scalar tier's (chosen per call
+    /// site, once per layer call: every row of a model then takes the same kernel).
+    pub(crate) fn attention<T: KvElem>(&self, head_dim: usize) -> AttnKernels<T> {
         let (tile, merge) = if head_dim.is_multiple_of(self.fns.attn_lanes) {
-            (self.fns.attn_tile, self.fns.attn_merge)
+            (T::tile_fn(&self.fns), self.fns.attn_merge)
         } else {
             let s = scalar::fns();
-            (s.attn_tile, s.attn_merge)
+            (T::tile_fn(&s), s.attn_merge)
         };
         AttnKernels {
             tile,

@@ -11,10 +11,15 @@
 //! Exactness properties, bit for bit within one tier: the decode path (one query, split
 //! context) equals the prefill path (query tiles) row by row; a chunk's output does not depend
 //! on the other chunks of its batch, on chunked prefill, or on the pool's thread count.
+//!
+//! An f16 store: every tier against the reference over the same f16 values (same budget), and
+//! bit for bit the f32 kernel of the same tier over the f16 values widened to f32 (the f16
+//! kernels only differ in how they load), so the properties above carry over.
 
 use tokenmill_kernels::attention::reference::attention_ref;
 use tokenmill_kernels::attention::{
-    AttnScratch, AttnSeq, AttnShape, KvLayout, PagedKv, PagedKvMut, attention_with, segments,
+    AttnScratch, AttnSeq, AttnShape, KvElem, KvLayout, PagedKv, PagedKvMut, attention_with, f16,
+    segments,
 };
 use tokenmill_kernels::dispatch::{Kernels, Tier};
 use tokenmill_kernels::pool::ThreadPool;
@@ -31,11 +36,32 @@ fn tiers() -> Vec<Kernels> {
 
 /// A KV store with `lens[i]` random tokens for sequence `i`, blocks handed out in a
 /// scattered order; returns (k, v, block tables).
-struct Store {
-    k: Vec<f32>,
-    v: Vec<f32>,
+struct Store<T = f32> {
+    k: Vec<T>,
+    v: Vec<T>,
     layout: KvLayout,
     tables: Vec<Vec<u32>>,
+}
+
+impl<T: KvElem> Store<T> {
+    /// The same store with elements of `U` (rounded or widened; NaN stays NaN).
+    fn to<U: KvElem>(&self) -> Store<U> {
+        let conv = |x: &Vec<T>| x.iter().map(|e| U::from_f32(e.to_f32())).collect();
+        Store {
+            k: conv(&self.k),
+            v: conv(&self.v),
+            layout: self.layout,
+            tables: self.tables.clone(),
+        }
+    }
+
+    fn view(&self) -> PagedKv<'_, T> {
+        PagedKv {
+            k: &self.k,
+            v: &self.v,
+            layout: self.layout,
+        }
+    }
 }
 
 impl Store {
@@ -78,14 +104,6 @@ impl Store {
             tables,
         }
     }
-
-    fn view(&self) -> PagedKv<'_> {
-        PagedKv {
-            k: &self.k,
-            v: &self.v,
-            layout: self.layout,
-        }
-    }
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -103,11 +121,11 @@ fn shape(n_heads: usize, n_kv_heads: usize, head_dim: usize, sharpness: f32) -> 
     }
 }
 
-fn run(
+fn run<T: KvElem>(
     pool: &ThreadPool,
     k: &Kernels,
     q: &[f32],
-    store: &Store,
+    store: &Store<T>,
     seqs: &[AttnSeq<'_>],
     shape: &AttnShape,
 ) -> Vec<f32> {
@@ -161,9 +179,9 @@ const CASES: [(usize, usize, usize, usize); 7] = [
     (12, 3, 128, 16),
 ];
 
-#[test]
-fn every_tier_matches_reference_on_mixed_batches() {
-    let pool = ThreadPool::new(3);
+/// Runs `check(case, shape, store, batch, q)` on each case's mixed batch: decode steps at the
+/// end of each sequence, plus prefill chunks (from 0, and mid-sequence) over some of them.
+fn mixed_batches(mut check: impl FnMut(usize, &AttnShape, &Store, &[AttnSeq<'_>], &[f32])) {
     for (ci, &(nh, nkv, hd, bs)) in CASES.iter().enumerate() {
         let mut rng = SplitMix64::new(ci as u64 + 1);
         let sh = shape(nh, nkv, hd, if ci % 2 == 0 { 8.0 } else { 1.0 });
@@ -222,14 +240,49 @@ fn every_tier_matches_reference_on_mixed_batches() {
         ];
         let rows: usize = seqs.iter().map(|s| s.n_q).sum();
         let q = random_q(&mut rng, rows, &sh);
-        let want = attention_ref(&q, sh.q_dim(), &store.view(), &seqs, &sh);
+        check(ci, &sh, &store, &seqs, &q);
+    }
+}
+
+#[test]
+fn every_tier_matches_reference_on_mixed_batches() {
+    let pool = ThreadPool::new(3);
+    mixed_batches(|ci, sh, store, seqs, q| {
+        let want = attention_ref(q, sh.q_dim(), &store.view(), seqs, sh);
         for k in tiers() {
-            let got = run(&pool, &k, &q, &store, &seqs, &sh);
+            let got = run(&pool, &k, q, store, seqs, sh);
             let d = max_diff(&got, &want);
             eprintln!("{} case {ci}: max |Δ| {d:.2e}", k.tier());
             assert!(d <= TOL, "{} case {ci}: max |Δ| {d}", k.tier());
         }
-    }
+    });
+}
+
+#[test]
+fn f16_store_every_tier_matches_reference_and_the_f32_kernel_on_its_values() {
+    let pool = ThreadPool::new(3);
+    mixed_batches(|ci, sh, store, seqs, q| {
+        let s16 = store.to::<f16>();
+        // The f16 values, widened: what the f16 kernels must compute on.
+        let widened = s16.to::<f32>();
+        let want = attention_ref(q, sh.q_dim(), &s16.view(), seqs, sh);
+        for k in tiers() {
+            let got = run(&pool, &k, q, &s16, seqs, sh);
+            let d = max_diff(&got, &want);
+            eprintln!("{} f16 case {ci}: max |Δ| {d:.2e}", k.tier());
+            assert!(d <= TOL, "{} f16 case {ci}: max |Δ| {d}", k.tier());
+            let f32_kernel = run(&pool, &k, q, &widened, seqs, sh);
+            assert!(
+                got == f32_kernel,
+                "{} f16 case {ci}: differs from the f32 kernel on the same values",
+                k.tier()
+            );
+        }
+        // And the rounding's own effect stays small (keys and values in [-1, 1]).
+        let exact = attention_ref(q, sh.q_dim(), &store.view(), seqs, sh);
+        let d = max_diff(&want, &exact);
+        assert!(d < 5e-3, "f16 rounding moved case {ci} by {d}");
+    });
 }
 
 #[test]

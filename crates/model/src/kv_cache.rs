@@ -5,35 +5,79 @@
 //! attention kernels read tiles of keys in place). Which blocks a sequence owns is the
 //! caller's business (its block table); this type only stores values. The engine's block
 //! pool hands out block ids; `tokenmill generate` uses blocks `0..n`.
+//!
+//! Elements are f32 (the default, exact) or f16 ([`KvDtype`]: half the bytes per token, K and
+//! V rounded to nearest even as they are written); the arena is one enum and each layer's
+//! views come out as a [`LayerKv`] / [`LayerKvMut`] of the matching type, which the forward
+//! pass hands to the (generic) kernels.
 
-use tokenmill_kernels::attention::{KvLayout, PagedKv, PagedKvMut};
+use tokenmill_kernels::attention::{KvDtype, KvElem, KvLayout, PagedKv, PagedKvMut, f16};
 
 use crate::ModelConfig;
+
+/// K and V arenas, `[n_layers, num_blocks, ...]` each (see [`KvCache`]).
+enum Arena {
+    F32 { k: Vec<f32>, v: Vec<f32> },
+    F16 { k: Vec<f16>, v: Vec<f16> },
+}
 
 pub struct KvCache {
     num_blocks: usize,
     n_layers: usize,
     layout: KvLayout,
-    /// `[n_layers, num_blocks, n_kv_heads, head_dim, block_size]`
-    k: Vec<f32>,
-    /// `[n_layers, num_blocks, n_kv_heads, block_size, head_dim]`
-    v: Vec<f32>,
+    /// K: `[n_layers, num_blocks, n_kv_heads, head_dim, block_size]`,
+    /// V: `[n_layers, num_blocks, n_kv_heads, block_size, head_dim]`.
+    arena: Arena,
+}
+
+/// Read view of one layer, of the cache's element type.
+#[derive(Clone, Copy, Debug)]
+pub enum LayerKv<'a> {
+    F32(PagedKv<'a, f32>),
+    F16(PagedKv<'a, f16>),
+}
+
+/// Write view of one layer, of the cache's element type.
+#[derive(Debug)]
+pub enum LayerKvMut<'a> {
+    F32(PagedKvMut<'a, f32>),
+    F16(PagedKvMut<'a, f16>),
 }
 
 impl KvCache {
+    /// An f32 cache.
     pub fn new(cfg: &ModelConfig, num_blocks: usize, block_size: usize) -> KvCache {
+        KvCache::with_dtype(cfg, num_blocks, block_size, KvDtype::F32)
+    }
+
+    /// A cache of `dtype` elements.
+    pub fn with_dtype(
+        cfg: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> KvCache {
         let layout = KvLayout {
             block_size,
             n_kv_heads: cfg.n_kv_heads,
             head_dim: cfg.head_dim,
         };
         let len = cfg.n_layers * num_blocks * layout.block_len();
+        let arena = match dtype {
+            KvDtype::F32 => Arena::F32 {
+                k: vec![0.0; len],
+                v: vec![0.0; len],
+            },
+            KvDtype::F16 => Arena::F16 {
+                k: vec![f16::ZERO; len],
+                v: vec![f16::ZERO; len],
+            },
+        };
         KvCache {
             num_blocks,
             n_layers: cfg.n_layers,
             layout,
-            k: vec![0.0; len],
-            v: vec![0.0; len],
+            arena,
         }
     }
 
@@ -50,9 +94,17 @@ impl KvCache {
         self.layout.block_size
     }
 
+    /// The element type.
+    pub fn dtype(&self) -> KvDtype {
+        match self.arena {
+            Arena::F32 { .. } => KvDtype::F32,
+            Arena::F16 { .. } => KvDtype::F16,
+        }
+    }
+
     /// Bytes of K and V held per token across all layers.
     pub fn bytes_per_token(&self) -> usize {
-        2 * self.n_layers * self.layout.kv_dim() * std::mem::size_of::<f32>()
+        2 * self.n_layers * self.layout.kv_dim() * self.dtype().bytes()
     }
 
     fn layer_range(&self, layer: usize) -> std::ops::Range<usize> {
@@ -61,28 +113,50 @@ impl KvCache {
     }
 
     /// Read view of one layer for attention.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
+    pub fn layer(&self, layer: usize) -> LayerKv<'_> {
         let r = self.layer_range(layer);
-        PagedKv {
-            k: &self.k[r.clone()],
-            v: &self.v[r],
-            layout: self.layout,
+        let layout = self.layout;
+        match &self.arena {
+            Arena::F32 { k, v } => LayerKv::F32(PagedKv {
+                k: &k[r.clone()],
+                v: &v[r],
+                layout,
+            }),
+            Arena::F16 { k, v } => LayerKv::F16(PagedKv {
+                k: &k[r.clone()],
+                v: &v[r],
+                layout,
+            }),
         }
     }
 
     /// Write view of one layer (RoPE fused into the K write: [`PagedKvMut::write`]).
-    pub fn layer_mut(&mut self, layer: usize) -> PagedKvMut<'_> {
+    pub fn layer_mut(&mut self, layer: usize) -> LayerKvMut<'_> {
         let r = self.layer_range(layer);
-        PagedKvMut {
-            k: &mut self.k[r.clone()],
-            v: &mut self.v[r],
-            layout: self.layout,
+        let layout = self.layout;
+        match &mut self.arena {
+            Arena::F32 { k, v } => LayerKvMut::F32(PagedKvMut {
+                k: &mut k[r.clone()],
+                v: &mut v[r],
+                layout,
+            }),
+            Arena::F16 { k, v } => LayerKvMut::F16(PagedKvMut {
+                k: &mut k[r.clone()],
+                v: &mut v[r],
+                layout,
+            }),
         }
     }
 
     /// Stores one token's K and V (`kv_dim` each, already rotated) of `layer` at `pos` of the
     /// sequence whose blocks are `block_table`.
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        self.layer_mut(layer).write(block_table, pos, k, v, None);
+        fn put<T: KvElem>(mut w: PagedKvMut<'_, T>, t: &[u32], p: usize, k: &[f32], v: &[f32]) {
+            w.write(t, p, k, v, None);
+        }
+        match self.layer_mut(layer) {
+            LayerKvMut::F32(w) => put(w, block_table, pos, k, v),
+            LayerKvMut::F16(w) => put(w, block_table, pos, k, v),
+        }
     }
 }

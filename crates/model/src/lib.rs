@@ -21,11 +21,12 @@ mod workspace;
 pub use batch::{LogitsWanted, SeqChunk};
 pub use config::{Arch, ModelConfig, RopeScaling};
 pub use int4_linear::{Int4Config, Int4Method, Weight};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, LayerKv, LayerKvMut};
 pub use llama::LlamaModel;
 pub use model::{KvShape, Model, ModelKv};
 pub use profile::{OpKind, OpProfile};
 pub use store::{Linear, RawTensor, TensorRef, WeightStore};
+pub use tokenmill_kernels::attention::KvDtype;
 pub use weights::Naming;
 pub use workspace::Workspace;
 

@@ -25,13 +25,14 @@
 use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
-use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, RopeAt, attention};
+use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, KvElem, PagedKvMut, RopeAt, attention};
 use tokenmill_kernels::ops::{
     add_bias, add_in_place, add_rms_norm, rms_norm, rope_cos_sin, rope_with,
 };
 
 use crate::batch::SeqChunk;
 use crate::int4_linear::{matmul_multi, matmul_silu_mul};
+use crate::kv_cache::LayerKvMut;
 use crate::profile::{OpKind, start, stop};
 use crate::store::WeightStore;
 use crate::weights::{LayerWeights, Weights};
@@ -195,9 +196,36 @@ impl LlamaModel {
         }
         stop(&mut ws.profile, OpKind::QkvMatmul, t);
 
+        match kv.layer_mut(l) {
+            LayerKvMut::F32(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
+            LayerKvMut::F16(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
+        }
+
+        let t = start(&ws.profile);
+        let proj = resize(&mut ws.proj, n_tok * h);
+        lw.wo.matmul(f, &ws.attn[..n_tok * q_dim], proj);
+        stop(&mut ws.profile, OpKind::OutProj, t);
+        let t = start(&ws.profile);
+        add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, cfg.rms_eps, &mut ws.xn);
+        stop(&mut ws.profile, OpKind::Norm, t);
+    }
+
+    /// RoPE on the batch's queries and keys, K/V written into the layer's cache (rounded to its
+    /// element type `T`), then `ws.attn = attention(q, cache)` `[T, q_dim]`.
+    fn rope_write_attend<T: KvElem>(
+        &self,
+        chunks: &[SeqChunk<'_>],
+        mut layer_kv: PagedKvMut<'_, T>,
+        ws: &mut Workspace,
+    ) {
+        let cfg = &self.cfg;
+        let (q_dim, kv_dim) = (cfg.n_heads * cfg.head_dim, cfg.kv_dim());
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let n_tok = ws.tok_pos.len();
+        // [T, q_dim + 2 · kv_dim], filled by the Q/K/V matmul.
+        let qkv = &mut ws.qkv[..n_tok * qkv_dim];
         let t = start(&ws.profile);
         let style = cfg.rope_style;
-        let mut layer_kv = kv.layer_mut(l);
         for ((row, cs), &(ci, pos)) in qkv
             .chunks_exact_mut(qkv_dim)
             .zip(ws.rope_cs.chunks_exact(cfg.rope_dim))
@@ -215,25 +243,16 @@ impl LlamaModel {
         let attn = resize(&mut ws.attn, n_tok * q_dim);
         let shape = cfg.attn_shape();
         let seqs = Chunks(chunks);
-        let layer = kv.layer(l);
         attention(
             qkv,
             qkv_dim,
-            &layer,
+            &layer_kv.as_ref(),
             &seqs,
             &shape,
             &mut ws.attn_scratch,
             attn,
         );
         stop(&mut ws.profile, OpKind::Attention, t);
-
-        let t = start(&ws.profile);
-        let proj = resize(&mut ws.proj, n_tok * h);
-        lw.wo.matmul(f, attn, proj);
-        stop(&mut ws.profile, OpKind::OutProj, t);
-        let t = start(&ws.profile);
-        add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, cfg.rms_eps, &mut ws.xn);
-        stop(&mut ws.profile, OpKind::Norm, t);
     }
 
     /// `x += W_down · (silu(W_gate · xn) ⊙ W_up · xn)`, then `xn = rms_norm(x)` with the next

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::deepseek::{DeepSeekModel, LatentKvCache};
-use crate::{KvCache, LlamaModel, ModelError, SeqChunk, Workspace};
+use crate::{KvCache, KvDtype, LlamaModel, ModelError, SeqChunk, Workspace};
 
 pub enum Model {
     Llama(LlamaModel),
@@ -109,11 +109,35 @@ impl Model {
         }
     }
 
-    /// The KV storage for `num_blocks` blocks of `block_size` positions.
+    /// The f32 KV storage for `num_blocks` blocks of `block_size` positions.
     pub fn kv_cache(&self, num_blocks: usize, block_size: usize) -> ModelKv {
+        self.kv_cache_with_dtype(num_blocks, block_size, KvDtype::F32)
+    }
+
+    /// The KV storage for `num_blocks` blocks of `block_size` positions, K and V stored as
+    /// `dtype`. DeepSeek's latent cache is always f32 (it ignores `dtype`).
+    pub fn kv_cache_with_dtype(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> ModelKv {
         match self {
-            Model::Llama(m) => ModelKv::Paged(KvCache::new(m.config(), num_blocks, block_size)),
+            Model::Llama(m) => ModelKv::Paged(KvCache::with_dtype(
+                m.config(),
+                num_blocks,
+                block_size,
+                dtype,
+            )),
             Model::DeepSeek(m) => ModelKv::Latent(m.kv_cache(num_blocks, block_size)),
+        }
+    }
+
+    /// Bytes of one KV element stored as `dtype` (DeepSeek's latent cache: always f32's 4).
+    pub fn kv_elem_bytes(&self, dtype: KvDtype) -> usize {
+        match self {
+            Model::Llama(_) => dtype.bytes(),
+            Model::DeepSeek(_) => KvDtype::F32.bytes(),
         }
     }
 
@@ -148,7 +172,7 @@ impl Model {
 }
 
 impl ModelKv {
-    /// Bytes cached per token across all layers (f32 values).
+    /// Bytes cached per token across all layers (of the cache's element type).
     pub fn bytes_per_token(&self) -> usize {
         match self {
             ModelKv::Paged(kv) => kv.bytes_per_token(),

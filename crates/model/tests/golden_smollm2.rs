@@ -5,10 +5,13 @@
 //!   reference's top-1 token within 0.05 of the reference's, at every position;
 //! - greedy: each 32-token continuation identical, or at the first difference each side's
 //!   token is in the other side's top-5.
+//!
+//! With an f16 KV cache (`--kv-cache-dtype f16`): top-1 agreement ≥ 0.98 and the top-1
+//! logprob within 0.1, and the same greedy rule.
 
 use serde_json::Value;
 use tokenmill_gguf::GgufFile;
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{KvCache, KvDtype, LlamaModel, LogitsWanted, SeqChunk, Workspace};
 use tokenmill_testutil::ids;
 
 fn load(name: &str) -> Value {
@@ -48,13 +51,34 @@ fn table(kv: &KvCache) -> Vec<u32> {
 
 #[test]
 fn teacher_forced_logprobs_match_reference() {
+    teacher_forced(KvDtype::F32, 0.99, 0.05);
+}
+
+#[test]
+fn teacher_forced_logprobs_match_reference_with_f16_kv_cache() {
+    teacher_forced(KvDtype::F16, 0.98, 0.1);
+}
+
+#[test]
+fn greedy_continuations_match_reference() {
+    greedy(KvDtype::F32);
+}
+
+#[test]
+fn greedy_continuations_match_reference_with_f16_kv_cache() {
+    greedy(KvDtype::F16);
+}
+
+/// Teacher forcing with a KV cache of `dtype`: top-1 agreement at least `min_rate`, the
+/// reference top-1's logprob within `max_delta` everywhere.
+fn teacher_forced(dtype: KvDtype, min_rate: f64, max_delta: f32) {
     let model = model();
     let vocab = model.config().vocab_size;
     let fixture = load("teacher_forced.json");
     let (mut agree, mut total, mut worst) = (0usize, 0usize, 0f32);
     for case in fixture["cases"].as_array().unwrap() {
         let input = ids(&case["input_ids"]);
-        let mut kv = KvCache::new(model.config(), input.len().div_ceil(16), 16);
+        let mut kv = KvCache::with_dtype(model.config(), input.len().div_ceil(16), 16, dtype);
         let bt = table(&kv);
         let mut ws = Workspace::default();
         let chunk = SeqChunk {
@@ -74,14 +98,14 @@ fn teacher_forced_logprobs_match_reference() {
     }
     let rate = agree as f64 / total as f64;
     eprintln!(
-        "teacher forcing: top-1 agreement {agree}/{total} = {rate:.4}, max |Δ top-1 logprob| = {worst:.5}"
+        "teacher forcing ({dtype} KV): top-1 agreement {agree}/{total} = {rate:.4}, max |Δ top-1 logprob| = {worst:.5}"
     );
-    assert!(rate >= 0.99, "top-1 agreement {rate}");
-    assert!(worst <= 0.05, "top-1 logprob differs by {worst}");
+    assert!(rate >= min_rate, "top-1 agreement {rate}");
+    assert!(worst <= max_delta, "top-1 logprob differs by {worst}");
 }
 
-#[test]
-fn greedy_continuations_match_reference() {
+/// Greedy continuations with a KV cache of `dtype`.
+fn greedy(dtype: KvDtype) {
     let model = model();
     let vocab = model.config().vocab_size;
     let fixture = load("greedy.json");
@@ -93,7 +117,8 @@ fn greedy_continuations_match_reference() {
         let want = ids(&case["generated_ids"]);
         let ref_top5: Vec<Vec<(u32, f32)>> =
             case["top5"].as_array().unwrap().iter().map(top5).collect();
-        let mut kv = KvCache::new(model.config(), (prompt.len() + want.len()).div_ceil(16), 16);
+        let n_blocks = (prompt.len() + want.len()).div_ceil(16);
+        let mut kv = KvCache::with_dtype(model.config(), n_blocks, 16, dtype);
         let bt = table(&kv);
         let mut ws = Workspace::default();
         let mut got = Vec::new();
@@ -131,7 +156,7 @@ fn greedy_continuations_match_reference() {
         }
     }
     eprintln!(
-        "greedy: {identical}/{} continuations identical",
+        "greedy ({dtype} KV): {identical}/{} continuations identical",
         cases.len()
     );
 }

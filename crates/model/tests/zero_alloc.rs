@@ -7,13 +7,14 @@
 //! `STEPS` counted decode steps of the whole batch, whose contexts cross decode-segment
 //! boundaries (64 and 128 keys) on the way — so the split attention's partial buffers must
 //! already be large enough. Block tables are scattered, and both block sizes that hold whole
-//! key tiles (16) and ones that do not (4, the gather path) are covered.
+//! key tiles (16) and ones that do not (4, the gather path) are covered, with f32 and f16 KV
+//! caches.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use tokenmill_gguf::GgufFile;
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk};
+use tokenmill_model::{KvCache, KvDtype, LlamaModel, LogitsWanted, SeqChunk};
 
 struct Counting;
 
@@ -65,15 +66,16 @@ fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`.
-fn decode_allocations(model: &LlamaModel, block_size: usize) -> usize {
+/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`, with a KV cache
+/// of `dtype`.
+fn decode_allocations(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> usize {
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     // Prompts end just before 64 and 128 keys, so the counted steps cross both boundaries.
     let prompt_lens = [5, 50, 60, 120];
     let max_len = prompt_lens.iter().max().unwrap() + WARM_UP + STEPS;
     let per_seq = max_len.div_ceil(block_size);
-    let mut kv = KvCache::new(cfg, B * per_seq, block_size);
+    let mut kv = KvCache::with_dtype(cfg, B * per_seq, block_size, dtype);
     // Sequence s owns blocks s, s + B, s + 2B, ... (interleaved, not contiguous).
     let tables: Vec<Vec<u32>> = (0..B)
         .map(|s| (0..per_seq).map(|i| (i * B + s) as u32).collect())
@@ -132,19 +134,25 @@ fn decode_steps_allocate_nothing() {
         let model =
             LlamaModel::load(GgufFile::open(dir.join(format!("{name}.gguf"))).unwrap()).unwrap();
         for block_size in [16, 4] {
-            let n = decode_allocations(&model, block_size);
-            eprintln!("{name}, block size {block_size}: {n} allocations in {STEPS} steps");
-            if n != 0 {
-                failures.push(format!("{name}/{block_size}: {n}"));
+            for dtype in [KvDtype::F32, KvDtype::F16] {
+                let n = decode_allocations(&model, block_size, dtype);
+                eprintln!(
+                    "{name}, block size {block_size}, {dtype} KV: {n} allocations in {STEPS} steps"
+                );
+                if n != 0 {
+                    failures.push(format!("{name}/{block_size}/{dtype}: {n}"));
+                }
             }
         }
     }
     let model =
         LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    let n = decode_allocations(&model, 16);
-    eprintln!("SmolLM2-135M Q4_1, block size 16: {n} allocations in {STEPS} steps");
-    if n != 0 {
-        failures.push(format!("smollm2: {n}"));
+    for dtype in [KvDtype::F32, KvDtype::F16] {
+        let n = decode_allocations(&model, 16, dtype);
+        eprintln!("SmolLM2-135M Q4_1, block size 16, {dtype} KV: {n} allocations in {STEPS} steps");
+        if n != 0 {
+            failures.push(format!("smollm2/{dtype}: {n}"));
+        }
     }
     assert!(
         failures.is_empty(),

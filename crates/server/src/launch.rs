@@ -1,6 +1,6 @@
 //! Loading a model and starting its engine: what `tokenmill serve` and the end-to-end tests
 //! do before serving. One GGUF file gives the tokenizer and the model; the KV cache is sized
-//! from a memory budget; `max_model_len` is the model's context unless set lower, and never
+//! from a memory budget and the bytes of its element type (`--kv-cache-dtype`); `max_model_len` is the model's context unless set lower, and never
 //! more than the whole KV cache holds (so every admissible request can run alone).
 
 use std::path::{Path, PathBuf};
@@ -9,8 +9,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tokenmill_engine::{
-    Batching, EngineError, EngineHandle, KvCacheMemory, KvLayout, ModelRunner, SchedulerConfig,
-    SlaTargets, num_blocks_for_memory, system_memory_bytes,
+    Batching, EngineError, EngineHandle, KvCacheMemory, KvDtype, KvLayout, ModelRunner,
+    SchedulerConfig, SlaTargets, num_blocks_for_memory, system_memory_bytes,
 };
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::Model;
@@ -25,6 +25,8 @@ pub struct EngineOptions {
     /// `None`: the model's context length.
     pub max_model_len: Option<usize>,
     pub kv_cache_memory: KvCacheMemory,
+    /// What the KV cache stores (f16: twice the tokens in the same memory).
+    pub kv_cache_dtype: KvDtype,
     pub block_size: usize,
     pub enable_prefix_caching: bool,
     pub sla: SlaTargets,
@@ -39,6 +41,7 @@ impl EngineOptions {
             max_num_batched_tokens: 2048,
             max_model_len: None,
             kv_cache_memory: KvCacheMemory::Bytes(2 << 30),
+            kv_cache_dtype: KvDtype::F32,
             block_size: 16,
             enable_prefix_caching: true,
             sla: SlaTargets::default(),
@@ -78,7 +81,9 @@ pub struct Loaded {
 
 /// Opens the model, sizes the KV cache from `opts` and starts the engine thread.
 pub fn load(opts: &EngineOptions) -> Result<Loaded, LaunchError> {
-    load_with_config(&opts.model_path, |model| scheduler_config(opts, model))
+    load_with_config(&opts.model_path, opts.kv_cache_dtype, |model| {
+        scheduler_config(opts, model)
+    })
 }
 
 /// The scheduler configuration `opts` asks for on a model of `cfg`.
@@ -93,8 +98,12 @@ pub fn scheduler_config(
     let budget = opts
         .kv_cache_memory
         .resolve(system_memory_bytes().unwrap_or(8 << 30));
-    let num_blocks =
-        num_blocks_for_memory(&KvLayout::from_model(model), opts.block_size, 4, budget);
+    let num_blocks = num_blocks_for_memory(
+        &KvLayout::from_model(model),
+        opts.block_size,
+        model.kv_elem_bytes(opts.kv_cache_dtype),
+        budget,
+    );
     if num_blocks == 0 {
         return Err(LaunchError::Config(format!(
             "--kv-cache-memory ({budget} bytes) holds no KV block of {} tokens",
@@ -125,9 +134,10 @@ pub fn scheduler_config(
 
 /// Opens the model at `path`, asks `make_config` for the scheduler configuration, lowers
 /// `max_model_len` to what the whole KV cache holds if needed (with a warning), and starts
-/// the engine thread.
+/// the engine thread with K/V stored as `kv_dtype` (which `make_config` sized the blocks for).
 pub fn load_with_config<E>(
     path: &Path,
+    kv_dtype: KvDtype,
     make_config: impl FnOnce(&Model) -> Result<SchedulerConfig, E>,
 ) -> Result<Loaded, LaunchError>
 where
@@ -152,7 +162,7 @@ where
         ));
         config.max_model_len = kv_tokens;
     }
-    let runner = ModelRunner::new(model, &config);
+    let runner = ModelRunner::with_kv_dtype(model, &config, kv_dtype);
     let kv_bytes_per_token = runner.kv_bytes_per_token();
     let (engine, engine_thread) = tokenmill_engine::start(runner, config.clone())?;
     Ok(Loaded {

@@ -16,8 +16,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokenmill_model::{
-    LlamaModel, LogitsWanted, Model, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
+    KvDtype, LlamaModel, LogitsWanted, Model, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
 };
+
+use crate::engine_args::KvDtypeArg;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchModelArgs {
@@ -47,6 +49,9 @@ pub struct BenchModelArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// What the KV cache stores per element.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache_dtype: KvDtypeArg,
 }
 
 const BLOCK_SIZE: usize = 16;
@@ -76,8 +81,9 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         ),
         None => "MLA + MoE".to_string(),
     };
+    let dtype = KvDtype::from(args.kv_cache_dtype);
     println!(
-        "model: {} ({n_layers} layers, hidden {hidden}, {weights}), threads: {}",
+        "model: {} ({n_layers} layers, hidden {hidden}, {weights}), threads: {}, KV cache: {dtype}",
         path.file_name().unwrap_or_default().to_string_lossy(),
         tokenmill_kernels::pool::global().num_threads(),
     );
@@ -87,17 +93,18 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     let mut rng = args.seed;
     for &n in &args.prompt {
-        let o = median(args.repetitions, || pp(&model, n, &mut rng));
+        let o = median(args.repetitions, || pp(&model, dtype, n, &mut rng));
         report(&format!("pp{n}"), &o);
     }
     for &n in &args.generate {
-        let o = median(args.repetitions, || bd(&model, 1, 0, n, &mut rng));
+        let o = median(args.repetitions, || bd(&model, dtype, 1, 0, n, &mut rng));
         report(&format!("tg{n}"), &o);
     }
     for &b in &args.batch {
         let o = median(args.repetitions, || {
             bd(
                 &model,
+                dtype,
                 b,
                 args.batched_prompt,
                 args.batched_generate,
@@ -165,10 +172,10 @@ fn llama(model: &Model) -> Option<&LlamaModel> {
 }
 
 /// Prefill of one `n`-token prompt.
-fn pp(model: &Model, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
+fn pp(model: &Model, dtype: KvDtype, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
     let tokens = random_tokens(rng, n, model.vocab_size());
     let num_blocks = n.div_ceil(BLOCK_SIZE);
-    let mut kv = model.kv_cache(num_blocks, BLOCK_SIZE);
+    let mut kv = model.kv_cache_with_dtype(num_blocks, BLOCK_SIZE, dtype);
     let table: Vec<u32> = (0..num_blocks as u32).collect();
     let mut ws = profiled_workspace();
     let chunk = SeqChunk {
@@ -197,6 +204,7 @@ fn pp(model: &Model, n: usize, rng: &mut u64) -> anyhow::Result<Outcome> {
 /// the whole batch. `b == 1, prompt == 0` is llama-bench's tg.
 fn bd(
     model: &Model,
+    dtype: KvDtype,
     b: usize,
     prompt: usize,
     steps: usize,
@@ -204,7 +212,7 @@ fn bd(
 ) -> anyhow::Result<Outcome> {
     let vocab = model.vocab_size();
     let per_seq = (prompt + steps).div_ceil(BLOCK_SIZE);
-    let mut kv = model.kv_cache(b * per_seq, BLOCK_SIZE);
+    let mut kv = model.kv_cache_with_dtype(b * per_seq, BLOCK_SIZE, dtype);
     let tables: Vec<Vec<u32>> = (0..b)
         .map(|s| {
             (0..per_seq as u32)

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokenmill_engine::{
-    Batching, EngineHandle, KvCacheMemory, KvLayout, ModelRunner, SchedulerConfig,
+    Batching, EngineHandle, KvCacheMemory, KvDtype, KvLayout, ModelRunner, SchedulerConfig,
     SchedulingPolicy, SlaTargets, num_blocks_for_memory, system_memory_bytes,
 };
 use tokenmill_model::Model;
@@ -15,6 +15,27 @@ use tokenmill_model::Model;
 pub enum BatchingArg {
     Continuous,
     Static,
+}
+
+/// `--kv-cache-dtype`: what the KV cache stores (shared by every command that makes one).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtypeArg {
+    /// 4 bytes per element: exact.
+    #[default]
+    F32,
+    /// 2 bytes per element (K after RoPE and V rounded to nearest even): twice the tokens in
+    /// the same memory, half the bytes attention reads. Llama-family models; DeepSeek's latent
+    /// cache stays f32.
+    F16,
+}
+
+impl From<KvDtypeArg> for KvDtype {
+    fn from(a: KvDtypeArg) -> KvDtype {
+        match a {
+            KvDtypeArg::F32 => KvDtype::F32,
+            KvDtypeArg::F16 => KvDtype::F16,
+        }
+    }
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -34,6 +55,9 @@ pub struct EngineArgs {
     /// KV cache size: bytes (4GiB, 512MiB, ...) or a fraction of RAM (0.25).
     #[arg(long, default_value = "1GiB")]
     pub kv_cache_memory: String,
+    /// What the KV cache stores per element.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache_dtype: KvDtypeArg,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
@@ -63,12 +87,13 @@ impl EngineArgs {
         let path = crate::model_path::resolve(self.model.clone())?;
         let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
         let config = self.scheduler_config(&model)?;
-        let runner = ModelRunner::new(model, &config);
+        let runner = ModelRunner::with_kv_dtype(model, &config, self.kv_cache_dtype.into());
         eprintln!(
-            "KV cache: {} blocks of {} tokens, {} bytes per token",
+            "KV cache: {} blocks of {} tokens, {} bytes per token ({})",
             config.num_blocks,
             config.block_size,
-            runner.kv_bytes_per_token()
+            runner.kv_bytes_per_token(),
+            KvDtype::from(self.kv_cache_dtype)
         );
         let (handle, _thread) = tokenmill_engine::start(runner, config)?;
         Ok((handle, path))
@@ -80,7 +105,7 @@ impl EngineArgs {
         let num_blocks = num_blocks_for_memory(
             &KvLayout::from_model(model),
             self.block_size.max(1),
-            4,
+            model.kv_elem_bytes(self.kv_cache_dtype.into()),
             budget,
         );
         if num_blocks == 0 {
@@ -125,5 +150,53 @@ impl EngineArgs {
         };
         config.validate()?;
         Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<EngineArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("tokenmill").chain(args.iter().copied()))
+            .map(|c| c.engine)
+    }
+
+    #[test]
+    fn kv_cache_dtype_flag_parses_and_rejects_unknown_values() {
+        assert_eq!(parse(&[]).unwrap().kv_cache_dtype, KvDtypeArg::F32);
+        let a = parse(&["--kv-cache-dtype", "f16"]).unwrap();
+        assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::F16);
+        let err = parse(&["--kv-cache-dtype", "bf16"]).err().unwrap();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+        let msg = err.to_string();
+        assert!(msg.contains("bf16") && msg.contains("f32, f16"), "{msg}");
+    }
+
+    #[test]
+    fn f16_kv_cache_holds_twice_the_blocks_of_the_same_memory() {
+        let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
+        let blocks = |dtype: &str| {
+            let a = parse(&["--kv-cache-memory", "64MiB", "--kv-cache-dtype", dtype]).unwrap();
+            a.scheduler_config(&model).unwrap().num_blocks
+        };
+        let (f32_blocks, f16_blocks) = (blocks("f32"), blocks("f16"));
+        // SmolLM2: 46080 bytes per token in f32; 64 MiB / (16 · 46080) = 91 blocks.
+        assert_eq!(f32_blocks, 91);
+        assert_eq!(f16_blocks, 2 * f32_blocks);
+        let config = parse(&["--kv-cache-memory", "64MiB", "--kv-cache-dtype", "f16"])
+            .unwrap()
+            .scheduler_config(&model)
+            .unwrap();
+        let runner = ModelRunner::with_kv_dtype(model, &config, KvDtype::F16);
+        assert_eq!(runner.kv_bytes_per_token(), 46080 / 2);
     }
 }

@@ -14,6 +14,8 @@ use tokenmill_engine::{Sampler, SamplingParams};
 use tokenmill_model::{LogitsWanted, Model, SeqChunk};
 use tokenmill_tokenizer::ChatMessage;
 
+use crate::engine_args::KvDtypeArg;
+
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
     /// GGUF model file or Hugging Face folder (default: SmolLM2-135M-Instruct Q4_1, fetched
@@ -47,6 +49,9 @@ pub struct GenerateArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// What the KV cache stores per element.
+    #[arg(long, value_enum, default_value = "f32")]
+    pub kv_cache_dtype: KvDtypeArg,
 }
 
 const BLOCK_SIZE: usize = 16;
@@ -88,7 +93,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     let max_tokens = args.max_tokens.min(context_length - prompt_ids.len());
     let num_blocks = (prompt_ids.len() + max_tokens).div_ceil(BLOCK_SIZE);
-    let mut kv = model.kv_cache(num_blocks, BLOCK_SIZE);
+    let mut kv = model.kv_cache_with_dtype(num_blocks, BLOCK_SIZE, args.kv_cache_dtype.into());
     let block_table: Vec<u32> = (0..num_blocks as u32).collect();
     let mut ws = model.workspace(prompt_ids.len(), 1);
     let params = SamplingParams {

@@ -18,7 +18,7 @@ use tokenmill_bench::inprocess::{WorkItem, random_workload, run_closed_loop};
 use tokenmill_bench::stats::Summary;
 use tokenmill_engine::{EngineHandle, RequestParams, SamplingParams};
 use tokenmill_gguf::GgufFile;
-use tokenmill_model::ModelConfig;
+use tokenmill_model::{KvDtype, ModelConfig};
 use tokenmill_profiler::{ModelShape, Roofline};
 
 use crate::engine_args::EngineArgs;
@@ -97,8 +97,9 @@ fn report(r: &ReportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The model's dimensions and weight sizes from its GGUF file (`None` for other formats).
-pub fn model_shape(path: &Path) -> Option<ModelShape> {
+/// The model's dimensions and weight sizes from its GGUF file (`None` for other formats), with
+/// a KV cache of `kv_dtype`.
+pub fn model_shape(path: &Path, kv_dtype: KvDtype) -> Option<ModelShape> {
     let file = GgufFile::open(path).ok()?;
     let cfg = ModelConfig::from_gguf(&file).ok()?;
     let n = cfg.n_layers.max(1);
@@ -121,7 +122,7 @@ pub fn model_shape(path: &Path) -> Option<ModelShape> {
         kv_dim: cfg.kv_dim(),
         ffn_hidden: cfg.ffn_hidden,
         vocab: cfg.vocab_size,
-        kv_elem_bytes: std::mem::size_of::<f32>(),
+        kv_elem_bytes: kv_dtype.bytes(),
         qkv_bytes: sum(&["attn_q", "attn_k", "attn_v"]),
         out_bytes: sum(&["attn_output"]),
         gate_up_bytes: sum(&["ffn_gate", "ffn_up"]),
@@ -170,7 +171,7 @@ impl Workload<'_> {
 
 fn run_workload(args: &RunArgs) -> anyhow::Result<()> {
     let (handle, path) = args.engine.start()?;
-    let shape = model_shape(&path);
+    let shape = model_shape(&path, args.engine.kv_cache_dtype.into());
     let vocab = shape.as_ref().map_or(32000, |s| s.vocab);
     if let Some(s) = &shape {
         tokenmill_trace::set_metadata("model_shape", serde_json::to_value(s)?);

@@ -165,7 +165,9 @@ async fn load_state(
     let engine_args = args.engine.clone();
     let path = model.clone();
     let loaded = tokio::task::spawn_blocking(move || {
-        launch::load_with_config(&path, |m| engine_args.scheduler_config(m))
+        launch::load_with_config(&path, engine_args.kv_cache_dtype.into(), |m| {
+            engine_args.scheduler_config(m)
+        })
     })
     .await??;
     for w in &loaded.warnings {
@@ -201,7 +203,7 @@ async fn load_state(
         "loaded"
     );
     if args.profile_dir.is_some()
-        && let Some(shape) = crate::profile::model_shape(&model)
+        && let Some(shape) = crate::profile::model_shape(&model, args.engine.kv_cache_dtype.into())
     {
         tokenmill_trace::set_metadata("model_shape", serde_json::to_value(shape)?);
     }

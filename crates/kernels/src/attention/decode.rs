@@ -8,11 +8,16 @@
 //! crosses the same segment boundaries, so the two paths agree bit for bit.
 
 use super::{Ctx, KEY_TILE, Mode};
-use crate::attention::AttnSeqs;
+use crate::attention::{AttnSeqs, KvElem};
 use crate::simd::attn::AttnTile;
 
 /// Runs segment `seg` of decode chunk `s` for KV head `g`.
-pub(super) fn task<S: AttnSeqs + ?Sized>(ctx: &Ctx<'_, S>, s: usize, g: usize, seg: usize) {
+pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
+    ctx: &Ctx<'_, S, T>,
+    s: usize,
+    g: usize,
+    seg: usize,
+) {
     let p = &ctx.plan[s];
     let Mode::Decode { n_seg, tps, part0 } = p.mode else {
         unreachable!("a decode task of a prefill chunk")
@@ -90,7 +95,7 @@ pub(super) fn task<S: AttnSeqs + ?Sized>(ctx: &Ctx<'_, S>, s: usize, g: usize, s
 }
 
 /// Folds the partial states of decode chunk `s` (if it was split) and writes its output.
-pub(super) fn combine<S: AttnSeqs + ?Sized>(ctx: &Ctx<'_, S>, s: usize) {
+pub(super) fn combine<S: AttnSeqs + ?Sized, T: KvElem>(ctx: &Ctx<'_, S, T>, s: usize) {
     let p = &ctx.plan[s];
     let Mode::Decode { n_seg, part0, .. } = p.mode else {
         return;

@@ -33,6 +33,7 @@
 //! thread and its size never depends on which threads happened to run.
 
 mod decode;
+mod elem;
 mod paged;
 mod plan;
 mod prefill;
@@ -42,6 +43,8 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 pub use crate::simd::attn::KEY_TILE;
+pub use elem::{KvDtype, KvElem};
+pub use half::f16;
 pub use paged::{KvLayout, PagedKv, PagedKvMut, RopeAt};
 pub use plan::{AttnScratch, MAX_SEGS, SEG_MIN_KEYS, segments};
 
@@ -101,16 +104,16 @@ impl AttnSeqs for [AttnSeq<'_>] {
 }
 
 /// What every task of one call reads, and where it writes.
-struct Ctx<'a, S: ?Sized> {
+struct Ctx<'a, S: ?Sized, T> {
     q: &'a [f32],
     q_stride: usize,
-    kv: &'a PagedKv<'a>,
+    kv: &'a PagedKv<'a, T>,
     seqs: &'a S,
     plan: &'a [SeqPlan],
     shape: AttnShape,
     /// `scale · log2(e)`: the kernels work in base 2.
     q_scale: f32,
-    kern: AttnKernels,
+    kern: AttnKernels<T>,
     /// `[T, q_dim]`; each task writes its own rows × heads.
     out: SyncPtr<f32>,
     /// Partial states, `[slots, 2 + head_dim]`; each decode task writes its own slots.
@@ -125,7 +128,7 @@ struct Ctx<'a, S: ?Sized> {
     next_slot: AtomicUsize,
 }
 
-impl<S: AttnSeqs + ?Sized> Ctx<'_, S> {
+impl<S: AttnSeqs + ?Sized, T: KvElem> Ctx<'_, S, T> {
     /// Runs task `t`: finds its chunk (tasks are numbered chunk by chunk).
     fn run(&self, t: usize) {
         let s = self.plan.partition_point(|p| p.task0 <= t) - 1;
@@ -189,7 +192,7 @@ thread_local! {
     static SLOT: Cell<(u64, usize)> = const { Cell::new((u64::MAX, 0)) };
 }
 
-impl<S: AttnSeqs + ?Sized> Ctx<'_, S> {
+impl<S: AttnSeqs + ?Sized, T> Ctx<'_, S, T> {
     /// Runs `f` on this thread's task buffer of this call: `n_f` floats and `n_u` words
     /// (within [`TaskSize`]).
     fn scratch<R>(&self, n_f: usize, n_u: usize, f: impl FnOnce(&mut [f32], &mut [u32]) -> R) -> R {
@@ -220,14 +223,14 @@ impl<S: AttnSeqs + ?Sized> Ctx<'_, S> {
 
 /// Causal attention of a batch, on the global pool and kernels. `q` holds token row `t` at
 /// `q[t * q_stride..][..n_heads * head_dim]` (rows in chunk order, `T = Σ n_q`), `out` is
-/// `[T, n_heads * head_dim]`.
+/// `[T, n_heads * head_dim]`. The cache's element type is f32 or f16 ([`KvElem`]).
 ///
 /// Panics if a shape or length does not fit (the head dim must be a multiple of 4), or a block
 /// table does not cover its chunk.
-pub fn attention<S: AttnSeqs + ?Sized>(
+pub fn attention<S: AttnSeqs + ?Sized, T: KvElem>(
     q: &[f32],
     q_stride: usize,
-    kv: &PagedKv<'_>,
+    kv: &PagedKv<'_, T>,
     seqs: &S,
     shape: &AttnShape,
     scratch: &mut AttnScratch,
@@ -248,12 +251,12 @@ pub fn attention<S: AttnSeqs + ?Sized>(
 
 /// [`attention`] on an explicit pool and kernel table.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_with<S: AttnSeqs + ?Sized>(
+pub fn attention_with<S: AttnSeqs + ?Sized, T: KvElem>(
     pool: &ThreadPool,
     kernels: &Kernels,
     q: &[f32],
     q_stride: usize,
-    kv: &PagedKv<'_>,
+    kv: &PagedKv<'_, T>,
     seqs: &S,
     shape: &AttnShape,
     scratch: &mut AttnScratch,
@@ -304,7 +307,7 @@ pub fn attention_with<S: AttnSeqs + ?Sized>(
         plan,
         shape: *shape,
         q_scale: shape.scale * std::f32::consts::LOG2_E,
-        kern: kernels.attention(hd),
+        kern: kernels.attention::<T>(hd),
         out: SyncPtr(out.as_mut_ptr()),
         parts: SyncPtr(parts.as_mut_ptr()),
         arena: SyncPtr(arena.as_mut_ptr()),

@@ -14,10 +14,14 @@
 //! contiguous value rows of V: the attention kernels read it in place, with no gather and no
 //! transposition. Other block sizes (the tiny tests use 4) are gathered into a scratch tile.
 //!
+//! The store's element type is f32 or f16 ([`KvElem`], default f32): values are rounded to it
+//! as they are written and widened back as the kernels load them.
+//!
 //! Invariants: a tile never reads past its block (`slot0 + KEY_TILE <= block_size` in the
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
 //! kernels never let them reach a result.
 
+use super::elem::{KvElem, cast_buf};
 use crate::ops::{RopeStyle, rope_pair};
 use crate::simd::attn::KEY_TILE;
 
@@ -35,7 +39,7 @@ impl KvLayout {
         self.n_kv_heads * self.head_dim
     }
 
-    /// Floats of one block of K (and of V).
+    /// Elements of one block of K (and of V).
     pub fn block_len(&self) -> usize {
         self.block_size * self.kv_dim()
     }
@@ -62,19 +66,20 @@ impl KvLayout {
     }
 }
 
-/// Read view of one layer's paged K/V (see the module docs for the layout).
+/// Read view of one layer's paged K/V of element type `T` (see the module docs for the
+/// layout).
 #[derive(Clone, Copy, Debug)]
-pub struct PagedKv<'a> {
-    pub k: &'a [f32],
-    pub v: &'a [f32],
+pub struct PagedKv<'a, T = f32> {
+    pub k: &'a [T],
+    pub v: &'a [T],
     pub layout: KvLayout,
 }
 
-/// Write view of one layer's paged K/V.
+/// Write view of one layer's paged K/V of element type `T`.
 #[derive(Debug)]
-pub struct PagedKvMut<'a> {
-    pub k: &'a mut [f32],
-    pub v: &'a mut [f32],
+pub struct PagedKvMut<'a, T = f32> {
+    pub k: &'a mut [T],
+    pub v: &'a mut [T],
     pub layout: KvLayout,
 }
 
@@ -86,7 +91,7 @@ pub struct RopeAt<'a> {
     pub style: RopeStyle,
 }
 
-impl PagedKv<'_> {
+impl<T: KvElem> PagedKv<'_, T> {
     /// Blocks in the store.
     pub fn num_blocks(&self) -> usize {
         self.k.len() / self.layout.block_len().max(1)
@@ -96,20 +101,20 @@ impl PagedKv<'_> {
     pub fn read_k(&self, block_table: &[u32], pos: usize, head: usize, out: &mut [f32]) {
         let (block, slot) = self.layout.locate(block_table, pos);
         for (d, o) in out.iter_mut().enumerate() {
-            *o = self.k[self.layout.k_at(block, head, d, slot)];
+            *o = self.k[self.layout.k_at(block, head, d, slot)].to_f32();
         }
     }
 
     /// V of head `head` at position `pos` (`head_dim` values); for tests and references.
-    pub fn read_v(&self, block_table: &[u32], pos: usize, head: usize) -> &[f32] {
+    pub fn read_v(&self, block_table: &[u32], pos: usize, head: usize) -> &[T] {
         let (block, slot) = self.layout.locate(block_table, pos);
         let at = self.layout.v_at(block, head, slot);
         &self.v[at..at + self.layout.head_dim]
     }
 
     /// Where the kernels read keys `tile * KEY_TILE ..` (the first `n_valid` of them) of head
-    /// `head`: in place when blocks hold whole tiles, else gathered into `buf`
-    /// (`2 * KEY_TILE * head_dim` floats, borrowed by the returned pointers).
+    /// `head`: in place when blocks hold whole tiles, else gathered into `buf` (room for
+    /// `2 * KEY_TILE * head_dim` elements of `T`, borrowed by the returned pointers).
     ///
     /// The caller has checked that the block table covers the tile's valid keys and that
     /// every block id is in the store.
@@ -121,7 +126,7 @@ impl PagedKv<'_> {
         tile: usize,
         n_valid: usize,
         buf: &mut [f32],
-    ) -> TileSrc {
+    ) -> TileSrc<T> {
         let lay = &self.layout;
         let (hd, pos0) = (lay.head_dim, tile * KEY_TILE);
         if lay.block_size.is_multiple_of(KEY_TILE) {
@@ -142,8 +147,8 @@ impl PagedKv<'_> {
                 v_stride: hd,
             };
         }
-        let (kt, v) = buf[..2 * KEY_TILE * hd].split_at_mut(KEY_TILE * hd);
-        kt.fill(0.0);
+        let (kt, v) = cast_buf::<T>(buf)[..2 * KEY_TILE * hd].split_at_mut(KEY_TILE * hd);
+        kt.fill(T::default());
         for j in 0..n_valid {
             let (block, slot) = lay.locate(block_table, pos0 + j);
             for d in 0..hd {
@@ -161,7 +166,7 @@ impl PagedKv<'_> {
     }
 }
 
-impl PagedKv<'_> {
+impl<T: KvElem> PagedKv<'_, T> {
     /// Asks the CPU to start loading keys and values `tile * KEY_TILE ..` of head `head` into
     /// cache (a hint: no effect on results, nothing if the tile is not read in place or lies
     /// past the table). Decode attention streams each sequence's K/V from memory once per
@@ -186,11 +191,12 @@ impl PagedKv<'_> {
         {
             return;
         }
-        // One 64-byte line per key row of K (16 lanes), and the value rows' lines.
+        // The line of each key row of K (16 lanes: one line of f32, half of f16), and the
+        // value rows' lines.
         for d in 0..hd {
             prefetch(self.k[k0 + d * lay.block_size..].as_ptr());
         }
-        for off in (0..KEY_TILE * hd).step_by(16) {
+        for off in (0..KEY_TILE * hd).step_by(64 / std::mem::size_of::<T>()) {
             prefetch(self.v[v0 + off..].as_ptr());
         }
     }
@@ -198,7 +204,7 @@ impl PagedKv<'_> {
 
 /// A prefetch hint for the cache line holding `p` (no architectural effect).
 #[inline(always)]
-fn prefetch(p: *const f32) {
+fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; `p` points into a slice.
     unsafe {
@@ -210,16 +216,16 @@ fn prefetch(p: *const f32) {
 
 /// The read pointers of one tile, as [`crate::simd::attn::AttnTile`] takes them.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct TileSrc {
-    pub kt: *const f32,
+pub(crate) struct TileSrc<T> {
+    pub kt: *const T,
     pub kt_stride: usize,
-    pub v: *const f32,
+    pub v: *const T,
     pub v_stride: usize,
 }
 
-impl PagedKvMut<'_> {
+impl<T: KvElem> PagedKvMut<'_, T> {
     /// The read view.
-    pub fn as_ref(&self) -> PagedKv<'_> {
+    pub fn as_ref(&self) -> PagedKv<'_, T> {
         PagedKv {
             k: self.k,
             v: self.v,
@@ -230,7 +236,8 @@ impl PagedKvMut<'_> {
     /// Stores one token's K and V (`kv_dim` each, head-major as a matmul produces them) at
     /// position `pos` of the sequence whose blocks are `block_table`, rotating K by `rope` on
     /// the way (RoFormer, <https://arxiv.org/abs/2104.09864>): one pass over K, and the same
-    /// arithmetic as [`crate::ops::rope`].
+    /// arithmetic as [`crate::ops::rope`]. Each stored value is rounded to `T` (f16: to
+    /// nearest, ties to even) after the rotation.
     ///
     /// Panics if the table does not cover `pos` or a length does not match.
     pub fn write(
@@ -250,7 +257,9 @@ impl PagedKvMut<'_> {
         for h in 0..lay.n_kv_heads {
             let kh = &k[h * hd..(h + 1) * hd];
             let at = lay.v_at(block, h, slot);
-            self.v[at..at + hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            for (dst, &x) in self.v[at..at + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
+                *dst = T::from_f32(x);
+            }
             match rope {
                 Some(r) => {
                     let rot = 2 * half;
@@ -258,16 +267,16 @@ impl PagedKvMut<'_> {
                         let (cos, sin) = (r.cos_sin[2 * i], r.cos_sin[2 * i + 1]);
                         let (a, b) = rope_pair(i, rot, r.style);
                         let (x0, x1) = (kh[a], kh[b]);
-                        self.k[lay.k_at(block, h, a, slot)] = x0 * cos - x1 * sin;
-                        self.k[lay.k_at(block, h, b, slot)] = x0 * sin + x1 * cos;
+                        self.k[lay.k_at(block, h, a, slot)] = T::from_f32(x0 * cos - x1 * sin);
+                        self.k[lay.k_at(block, h, b, slot)] = T::from_f32(x0 * sin + x1 * cos);
                     }
                     for (d, &x) in kh.iter().enumerate().skip(rot) {
-                        self.k[lay.k_at(block, h, d, slot)] = x;
+                        self.k[lay.k_at(block, h, d, slot)] = T::from_f32(x);
                     }
                 }
                 None => {
                     for (d, &x) in kh.iter().enumerate() {
-                        self.k[lay.k_at(block, h, d, slot)] = x;
+                        self.k[lay.k_at(block, h, d, slot)] = T::from_f32(x);
                     }
                 }
             }
@@ -320,6 +329,48 @@ mod tests {
                     let at = lay.v_at(block, h, slot);
                     assert_eq!(r.v[at..at + 6], vt[h * 6..(h + 1) * 6]);
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_write_is_the_f32_write_rounded_to_nearest_even() {
+        use half::f16;
+        let lay = KvLayout {
+            block_size: 5,
+            n_kv_heads: 2,
+            head_dim: 8,
+        };
+        let n = 2 * lay.block_len();
+        let (mut k32, mut v32) = (vec![0f32; n], vec![0f32; n]);
+        let (mut k16, mut v16) = (vec![f16::ZERO; n], vec![f16::ZERO; n]);
+        let table = [1u32, 0];
+        let inv_freq = [1.0, 0.3, 0.01];
+        for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+            for pos in [0, 4, 7] {
+                let kt: Vec<f32> = (0..16).map(|i| (i as f32 * 0.377 - 2.9) * 1.01).collect();
+                let vt: Vec<f32> = (0..16).map(|i| 1.0 / (i as f32 + 0.3)).collect();
+                let mut cs = [0f32; 6];
+                rope_cos_sin(pos, &inv_freq, &mut cs);
+                let r = Some(RopeAt {
+                    cos_sin: &cs,
+                    style,
+                });
+                let mut w32 = PagedKvMut {
+                    k: &mut k32,
+                    v: &mut v32,
+                    layout: lay,
+                };
+                w32.write(&table, pos, &kt, &vt, r);
+                let mut w16 = PagedKvMut {
+                    k: &mut k16,
+                    v: &mut v16,
+                    layout: lay,
+                };
+                w16.write(&table, pos, &kt, &vt, r);
+            }
+            for (a, b) in k32.iter().zip(&k16).chain(v32.iter().zip(&v16)) {
+                assert_eq!(f16::from_f32(*a).to_bits(), b.to_bits());
             }
         }
     }

@@ -12,11 +12,16 @@
 //! [`super::decode`] folds its partial states, so both paths produce the same bits.
 
 use super::{Ctx, KEY_TILE, Mode};
-use crate::attention::{AttnSeqs, segments};
+use crate::attention::{AttnSeqs, KvElem, segments};
 use crate::simd::attn::AttnTile;
 
 /// Runs query tile `qt` of chunk `s` for KV head `g`.
-pub(super) fn task<S: AttnSeqs + ?Sized>(ctx: &Ctx<'_, S>, s: usize, g: usize, qt: usize) {
+pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
+    ctx: &Ctx<'_, S, T>,
+    s: usize,
+    g: usize,
+    qt: usize,
+) {
     let p = &ctx.plan[s];
     let Mode::Prefill { q_tile, .. } = p.mode else {
         unreachable!("a prefill task of a decode chunk")

@@ -1,13 +1,14 @@
 //! The plain reference of [`super::attention`]: scores materialised, an exact softmax in
-//! f64, one query row and head at a time. For differential tests; slow and allocating.
+//! f64, one query row and head at a time, keys and values widened from the store's element
+//! type. For differential tests; slow and allocating.
 
-use super::{AttnSeq, AttnShape, PagedKv};
+use super::{AttnSeq, AttnShape, KvElem, PagedKv};
 
 /// Causal attention of `seqs` as [`super::attention`] defines it, `[T, n_heads · head_dim]`.
-pub fn attention_ref(
+pub fn attention_ref<T: KvElem>(
     q: &[f32],
     q_stride: usize,
-    kv: &PagedKv<'_>,
+    kv: &PagedKv<'_, T>,
     seqs: &[AttnSeq<'_>],
     shape: &AttnShape,
 ) -> Vec<f32> {
@@ -33,7 +34,7 @@ pub fn attention_ref(
                 let mut acc = vec![0f64; hd];
                 for (p, w) in w.iter().enumerate() {
                     for (a, &v) in acc.iter_mut().zip(kv.read_v(s.block_table, p, h / grp)) {
-                        *a += w / sum * v as f64;
+                        *a += w / sum * v.to_f32() as f64;
                     }
                 }
                 out.extend(acc.iter().map(|&a| a as f32));

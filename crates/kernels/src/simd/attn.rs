@@ -27,12 +27,16 @@
 //! inside the kernel, or which thread runs it — the property that lets the prefill and
 //! decode paths of [`crate::attention`] agree bit for bit.
 
+use crate::attention::KvElem;
+
 /// Keys per attention tile: one AVX-512 register (two AVX2 registers) of scores.
 pub const KEY_TILE: usize = 16;
 
-/// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`].
+/// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`]. Keys and
+/// values are elements of `E` (f32 or f16, [`crate::attention::KvElem`]), widened to f32
+/// exactly as they are loaded; everything else is f32.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnTile {
+pub struct AttnTile<E = f32> {
     pub head_dim: usize,
     pub n_rows: usize,
     /// Queries `[n_rows, head_dim]`, pre-multiplied by `scale · log2(e)`, each row
@@ -40,11 +44,11 @@ pub struct AttnTile {
     pub q: *const f32,
     /// Keys, transposed: element `d` of key `j` at `kt[d * kt_stride + j]`, `j < KEY_TILE`
     /// (all `KEY_TILE` lanes readable; lanes at or past a row's `n_valid` are ignored).
-    pub kt: *const f32,
+    pub kt: *const E,
     pub kt_stride: usize,
     /// Values: value `j` at `v[j * v_stride..][..head_dim]`, for `j` below the largest
     /// `n_valid`.
-    pub v: *const f32,
+    pub v: *const E,
     pub v_stride: usize,
     /// Keys of the tile visible to each row, `[n_rows]`, each in `1..=KEY_TILE`.
     pub n_valid: *const u32,
@@ -61,7 +65,7 @@ pub struct AttnTile {
 /// Every pointer of the tile valid as documented there, the state not accessed by anyone else
 /// during the call, `head_dim` supported by the tier (a multiple of its lane count), and the
 /// CPU supports the tier's features.
-pub type AttnTileFn = unsafe fn(t: &AttnTile);
+pub type AttnTileFn<E = f32> = unsafe fn(t: &AttnTile<E>);
 
 /// Folds the partial state `src` into `dst` (see the module docs); `acc`s are `head_dim`
 /// long.
@@ -80,12 +84,13 @@ pub type AttnMergeFn =
 /// All three slices have the same length, and the CPU supports the tier's features.
 pub type SiluMulFn = unsafe fn(gate: &[f32], up: &[f32], out: &mut [f32]);
 
-/// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add).
+/// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add), keys
+/// and values widened from `E` as they are read.
 ///
 /// # Safety
 ///
 /// As [`AttnTileFn`] (any `head_dim` that is a multiple of 4).
-pub unsafe fn attn_tile(t: &AttnTile) {
+pub unsafe fn attn_tile<E: KvElem>(t: &AttnTile<E>) {
     let hd = t.head_dim;
     let quarter = hd / 4;
     for r in 0..t.n_rows {
@@ -99,7 +104,7 @@ pub unsafe fn attn_tile(t: &AttnTile) {
                 for (ci, c) in c.iter_mut().enumerate() {
                     for i in 0..quarter {
                         let d = ci * quarter + i;
-                        *c += q[4 * i + ci] * *t.kt.add(d * t.kt_stride + j);
+                        *c += q[4 * i + ci] * (*t.kt.add(d * t.kt_stride + j)).to_f32();
                     }
                 }
                 *s = (c[0] + c[1]) + (c[2] + c[3]);
@@ -126,7 +131,7 @@ pub unsafe fn attn_tile(t: &AttnTile) {
             for (j, &pj) in p.iter().enumerate().take(n_valid) {
                 let v = std::slice::from_raw_parts(t.v.add(j * t.v_stride), hd);
                 for (a, &vd) in acc.iter_mut().zip(v) {
-                    *a += pj * vd;
+                    *a += pj * vd.to_f32();
                 }
             }
         }

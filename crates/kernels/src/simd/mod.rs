@@ -118,6 +118,8 @@ pub struct TierFns {
     /// One attention tile step ([`attn::AttnTileFn`]), for head dims that are a multiple of
     /// `attn_lanes`.
     pub attn_tile: attn::AttnTileFn,
+    /// The same over an f16 K/V store.
+    pub attn_tile_f16: attn::AttnTileFn<half::f16>,
     /// Merge of two partial attention states, same head dims.
     pub attn_merge: attn::AttnMergeFn,
     /// The f32 lanes of the attention kernels (1 for the scalar tier: any head dim).

@@ -20,10 +20,16 @@
 //! grouped; `head_dim` must be a multiple of `N` (the dispatch table falls back to the scalar
 //! tier otherwise).
 //!
+//! Keys and values come from a store of f32 or f16 ([`LoadKv`]: a plain load, or F16C /
+//! AVX-512 `vcvtph2ps`); the widening is exact, so the f16 kernel is the f32 kernel over the
+//! f16-rounded cache, bit for bit.
+//!
 //! As everywhere in `x86`, these bodies are `#[inline(always)]` without target features and
 //! use no closures; they are compiled only inside the `#[target_feature]` entry points.
 
 use std::arch::x86_64::*;
+
+use half::f16;
 
 use crate::simd::attn::{AttnTile, EXP2_FLUSH, KEY_TILE};
 
@@ -164,6 +170,43 @@ impl F32s for F32x8 {
     }
 }
 
+/// Loads `N` keys or values of a K/V store of element type `E` as one f32 vector (the one
+/// place the attention kernels differ by element type; the widening is exact).
+pub trait LoadKv<E>: F32s {
+    /// Lanes `p[0..N]`, widened to f32.
+    unsafe fn load_kv(p: *const E) -> Self;
+}
+
+impl LoadKv<f32> for F32x8 {
+    #[inline(always)]
+    unsafe fn load_kv(p: *const f32) -> Self {
+        unsafe { Self::load(p) }
+    }
+}
+
+impl LoadKv<f16> for F32x8 {
+    /// F16C `vcvtph2ps ymm, m128`.
+    #[inline(always)]
+    unsafe fn load_kv(p: *const f16) -> Self {
+        unsafe { F32x8(_mm256_cvtph_ps(_mm_loadu_si128(p.cast()))) }
+    }
+}
+
+impl LoadKv<f32> for F32x16 {
+    #[inline(always)]
+    unsafe fn load_kv(p: *const f32) -> Self {
+        unsafe { Self::load(p) }
+    }
+}
+
+impl LoadKv<f16> for F32x16 {
+    /// AVX-512 F `vcvtph2ps zmm, m256`.
+    #[inline(always)]
+    unsafe fn load_kv(p: *const f16) -> Self {
+        unsafe { F32x16(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+    }
+}
+
 /// Sixteen lanes (AVX-512 F).
 #[derive(Clone, Copy)]
 pub struct F32x16(__m512);
@@ -258,8 +301,9 @@ impl F32s for F32x16 {
     }
 }
 
-/// One [`AttnTile`] step: rows in blocks of up to `R` (at most 4), keys `KV` vectors wide
-/// (`KV · S::N` must be [`KEY_TILE`]). Larger blocks share each key and value load among more
+/// One [`AttnTile`] step over a K/V store of `E` (f32 or f16): rows in blocks of up to `R`
+/// (at most 4), keys `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks
+/// share each key and value load among more
 /// rows and, above all, overlap the rows' softmax dependency chains (max, `exp2`, sums: the
 /// latency that bounds a decode tile step).
 ///
@@ -267,7 +311,7 @@ impl F32s for F32x16 {
 ///
 /// As [`crate::simd::attn::AttnTileFn`]; `head_dim` a multiple of `S::N`.
 #[inline(always)]
-pub unsafe fn tile<S: F32s, const KV: usize, const R: usize>(t: &AttnTile) {
+pub unsafe fn tile<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTile<E>) {
     debug_assert_eq!(KV * S::N, KEY_TILE);
     debug_assert_eq!(t.head_dim % S::N, 0);
     let mut r = 0;
@@ -275,10 +319,10 @@ pub unsafe fn tile<S: F32s, const KV: usize, const R: usize>(t: &AttnTile) {
         let n = (t.n_rows - r).min(R);
         unsafe {
             match n {
-                1 => rows::<S, KV, 1>(t, r),
-                2 => rows::<S, KV, 2>(t, r),
-                3 => rows::<S, KV, 3>(t, r),
-                _ => rows::<S, KV, 4>(t, r),
+                1 => rows::<S, E, KV, 1>(t, r),
+                2 => rows::<S, E, KV, 2>(t, r),
+                3 => rows::<S, E, KV, 3>(t, r),
+                _ => rows::<S, E, KV, 4>(t, r),
             }
         }
         r += n.min(4);
@@ -288,7 +332,7 @@ pub unsafe fn tile<S: F32s, const KV: usize, const R: usize>(t: &AttnTile) {
 /// Rows `r0..r0 + R` of a tile step.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn rows<S: F32s, const KV: usize, const R: usize>(t: &AttnTile, r0: usize) {
+unsafe fn rows<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTile<E>, r0: usize) {
     let hd = t.head_dim;
     let quarter = hd / 4;
     unsafe {
@@ -300,7 +344,7 @@ unsafe fn rows<S: F32s, const KV: usize, const R: usize>(t: &AttnTile, r0: usize
                 let kp = t.kt.add(d * t.kt_stride);
                 let mut kv = [S::zero(); KV];
                 for (k, kv) in kv.iter_mut().enumerate() {
-                    *kv = S::load(kp.add(k * S::N));
+                    *kv = S::load_kv(kp.add(k * S::N));
                 }
                 for (rr, c) in c.iter_mut().enumerate() {
                     let q = S::splat(*t.q.add((r0 + rr) * hd + 4 * i + ch));
@@ -346,11 +390,11 @@ unsafe fn rows<S: F32s, const KV: usize, const R: usize>(t: &AttnTile, r0: usize
         let nvec = hd / S::N;
         let mut b = 0;
         while b + 4 <= nvec {
-            pv_block::<S, R, 4>(t, r0, b, &p, &corr, &n_valid, common);
+            pv_block::<S, E, R, 4>(t, r0, b, &p, &corr, &n_valid, common);
             b += 4;
         }
         while b < nvec {
-            pv_block::<S, R, 1>(t, r0, b, &p, &corr, &n_valid, common);
+            pv_block::<S, E, R, 1>(t, r0, b, &p, &corr, &n_valid, common);
             b += 1;
         }
     }
@@ -360,8 +404,8 @@ unsafe fn rows<S: F32s, const KV: usize, const R: usize>(t: &AttnTile, r0: usize
 // Index loops over the register arrays: fully unrolled, and no closures (module docs).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn pv_block<S: F32s, const R: usize, const DB: usize>(
-    t: &AttnTile,
+unsafe fn pv_block<S: LoadKv<E>, E, const R: usize, const DB: usize>(
+    t: &AttnTile<E>,
     r0: usize,
     b: usize,
     p: &[[f32; KEY_TILE]; R],
@@ -385,7 +429,7 @@ unsafe fn pv_block<S: F32s, const R: usize, const DB: usize>(
             let vp = t.v.add(j * t.v_stride + b * S::N);
             let mut v = [S::zero(); DB];
             for (x, v) in v.iter_mut().enumerate() {
-                *v = S::load(vp.add(x * S::N));
+                *v = S::load_kv(vp.add(x * S::N));
             }
             for rr in 0..R {
                 let pj = S::splat(p[rr][j]);
@@ -399,7 +443,7 @@ unsafe fn pv_block<S: F32s, const R: usize, const DB: usize>(
                 let vp = t.v.add(j * t.v_stride + b * S::N);
                 let pj = S::splat(p[rr][j]);
                 for x in 0..DB {
-                    a[rr][x] = S::fma(pj, S::load(vp.add(x * S::N)), a[rr][x]);
+                    a[rr][x] = S::fma(pj, S::load_kv(vp.add(x * S::N)), a[rr][x]);
                 }
             }
             let ap = t.acc.add((r0 + rr) * hd + b * S::N);

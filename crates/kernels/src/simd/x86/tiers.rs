@@ -137,7 +137,15 @@ macro_rules! tier {
             /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_tile(t: &AttnTile) {
-                unsafe { attn::tile::<$f32s, $kv, $rows>(t) }
+                unsafe { attn::tile::<$f32s, f32, $kv, $rows>(t) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn attn_tile_f16(t: &AttnTile<half::f16>) {
+                unsafe { attn::tile::<$f32s, half::f16, $kv, $rows>(t) }
             }
 
             /// # Safety
@@ -193,6 +201,7 @@ macro_rules! tier {
                 t.quantize_q8_1 = quantize_q8_1;
                 t.dot_f32 = dot_f32;
                 t.attn_tile = attn_tile;
+                t.attn_tile_f16 = attn_tile_f16;
                 t.attn_merge = attn_merge;
                 t.attn_lanes = <$f32s as F32s>::N;
                 t.silu_mul = silu_mul;
