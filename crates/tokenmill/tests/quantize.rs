@@ -48,22 +48,6 @@ fn prompt(vocab: usize) -> Vec<u32> {
     (0..24).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
 
-/// Logits of every position of `tokens`, `[tokens.len(), vocab]`.
-fn logits(path: &Path, tokens: &[u32]) -> (Vec<f32>, usize) {
-    let model = LlamaModel::load(GgufFile::open(path).unwrap()).unwrap();
-    let mut kv = KvCache::new(model.config(), 8, 4);
-    let table: Vec<u32> = (0..8).collect();
-    let mut ws = Workspace::default();
-    let c = SeqChunk {
-        tokens,
-        start_pos: 0,
-        block_table: &table,
-        logits: LogitsWanted::All,
-    };
-    let out = model.forward(&[c], &mut kv, &mut ws).unwrap().to_vec();
-    (out, model.config().vocab_size)
-}
-
 /// Relative rms error of `got` against `want` over rows of `vocab` logits, each row centred
 /// first (softmax ignores a constant shift): `rms(Δ - mean Δ) / rms(want - mean want)`.
 fn rel_rms(got: &[f32], want: &[f32], vocab: usize) -> f32 {
@@ -120,8 +104,9 @@ const TYPES: [&str; 10] = [
 fn check_round_trip(src: &Path, dir: &Path, ty: &str) -> (GgufFile, f32) {
     let dst = dir.join(format!("{ty}.gguf"));
     quantize(src, &dst, ty);
-    let (f32_logits, vocab) = logits(src, &prompt(256));
-    let (q_logits, _) = logits(&dst, &prompt(256));
+    let tokens = prompt(256);
+    let (f32_logits, q_logits) = (logits_of(src, &tokens), logits_of(&dst, &tokens));
+    let vocab = f32_logits.len() / tokens.len();
     let err = rel_rms(&q_logits, &f32_logits, vocab);
     eprintln!("{} {ty}: relative rms logit error {err:.4}", src.display());
     if std::env::var_os("QUANT_MEASURE").is_none() {
