@@ -153,10 +153,26 @@ fn edit_tensor(dir: &Path, name: &str, edit: impl FnOnce(Dtype, &[u64], &[u8]) -
     let f = SafetensorsFile::open(&p).unwrap();
     let t = f.tensor(name).unwrap_or_else(|| panic!("no tensor {name}"));
     let new = edit(t.dtype, &t.shape, f.tensor_data(t));
+    rewrite(
+        &p,
+        f,
+        |n| n == name,
+        new.map(|(d, s, b)| (name.to_string(), d, s, b)),
+    );
+}
+
+/// Rewrites the safetensors file `p` (open as `f`) without the tensors `drop` names, plus
+/// `add` when given.
+fn rewrite(
+    p: &Path,
+    f: SafetensorsFile,
+    drop: impl Fn(&str) -> bool,
+    add: Option<(String, Dtype, Vec<u64>, Vec<u8>)>,
+) {
     let mut tensors: Vec<_> = f
         .tensors()
         .iter()
-        .filter(|t| t.name != name)
+        .filter(|t| !drop(&t.name))
         .map(|t| {
             (
                 t.name.as_str(),
@@ -166,13 +182,13 @@ fn edit_tensor(dir: &Path, name: &str, edit: impl FnOnce(Dtype, &[u64], &[u8]) -
             )
         })
         .collect();
-    if let Some((dtype, shape, bytes)) = &new {
+    if let Some((name, dtype, shape, bytes)) = &add {
         tensors.push((name, *dtype, shape, bytes));
     }
     let bytes = serialize(&tensors);
-    drop(tensors);
-    drop(f);
-    std::fs::write(&p, bytes).unwrap();
+    std::mem::drop(tensors);
+    std::mem::drop(f);
+    std::fs::write(p, bytes).unwrap();
 }
 
 const Q0: &str = "model.layers.0.self_attn.q_proj";
@@ -197,29 +213,14 @@ fn dequantize_awq_layer(d: &Path, base: &str, n: usize, k: usize) {
         m.dequantize_row(r, row);
     }
     let bytes: Vec<u8> = w.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let (name, shape, prefix) = (
+    let prefix = format!("{base}.");
+    let weight = (
         format!("{base}.weight"),
-        [n as u64, k as u64],
-        format!("{base}."),
+        Dtype::F32,
+        vec![n as u64, k as u64],
+        bytes,
     );
-    let mut tensors: Vec<_> = f
-        .tensors()
-        .iter()
-        .filter(|t| !t.name.starts_with(&prefix))
-        .map(|t| {
-            (
-                t.name.as_str(),
-                t.dtype,
-                t.shape.as_slice(),
-                f.tensor_data(t),
-            )
-        })
-        .collect();
-    tensors.push((&name, Dtype::F32, &shape, &bytes));
-    let out = serialize(&tensors);
-    drop(tensors);
-    drop(f);
-    std::fs::write(&p, out).unwrap();
+    rewrite(&p, f, |name| name.starts_with(&prefix), Some(weight));
 }
 
 /// Float layers beside int4 ones: layer 0's k_proj and gate_proj stored as F32 (their
