@@ -13,4 +13,6 @@ LLAMA_CPP_BIN="$(scripts/llama-cpp-peer.sh llama-server llama-quantize)"
 export LLAMA_CPP_BIN TOKENMILL_REQUIRE_PEER=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked
+# --no-fail-fast: one failing test binary must not hide the state of the others (the
+# command still exits non-zero on any failure).
+cargo test --workspace --locked --no-fail-fast

@@ -9,20 +9,21 @@ use std::process::Command;
 
 use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
 
-/// The peer llama.cpp binary `name`, if built (`scripts/llama-cpp-peer.sh`): from
-/// `LLAMA_CPP_BIN` (a folder) or the peer script's default cache. Never builds it.
+/// The peer llama.cpp binary `name`, if built: from `LLAMA_CPP_BIN` (a folder) or the folder
+/// `scripts/llama-cpp-peer.sh --where` names (its cache folder, named by the build flags).
+/// Never builds it.
 pub fn peer_bin(name: &str) -> Result<PathBuf, String> {
     let folder = match std::env::var_os("LLAMA_CPP_BIN") {
         Some(dir) => PathBuf::from(dir),
         None => {
-            let cache = std::env::var_os("PEER_CACHE")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME")
-                        .map(|h| PathBuf::from(h).join(".cache/tokenmill-peers"))
-                })
-                .ok_or("no HOME")?;
-            cache.join("llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin")
+            let script =
+                Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/llama-cpp-peer.sh");
+            let out = Command::new("bash")
+                .arg(&script)
+                .arg("--where")
+                .output()
+                .map_err(|e| format!("running {}: {e}", script.display()))?;
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
         }
     };
     let bin = folder.join(name);
@@ -62,6 +63,14 @@ impl Drop for Child {
     }
 }
 
+/// The last lines of a peer's log, for a failure message.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+    format!("the last lines of its log:\n{tail}")
+}
+
 /// llama.cpp's greedy continuation of `prompt` (token ids) on `model`.
 pub fn llama_cpp_greedy(server: &Path, model: &Path, prompt: &[u32], n: usize) -> Vec<u32> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -69,26 +78,52 @@ pub fn llama_cpp_greedy(server: &Path, model: &Path, prompt: &[u32], n: usize) -
         .local_addr()
         .unwrap()
         .port();
-    let _child = Child(
+    // The server's log goes to a file, so a server that never becomes ready (a crash at
+    // start-up, a file it refuses) is diagnosed from the failure message itself.
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut child = Child(
         Command::new(server)
             .args(["-m", model.to_str().unwrap(), "--port", &port.to_string()])
             .args(["-c", "256", "-np", "1", "-t", "2", "--no-warmup"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
             .spawn()
             .expect("starting llama-server"),
     );
-    // Poll /health until the model is loaded (a readiness wait, not a timing assertion).
-    let ready = (0..600).any(|_| {
+    // Poll /health until the model is loaded (a readiness wait, not a timing assertion); stop
+    // early if the server exits.
+    let mut exited = None;
+    let mut ready = false;
+    for _ in 0..600 {
         std::thread::sleep(std::time::Duration::from_millis(100));
-        http(port, "GET", "/health", "").is_some()
-    });
-    assert!(ready, "llama-server did not become ready");
+        exited = child.0.try_wait().ok().flatten();
+        ready = exited.is_none() && http(port, "GET", "/health", "").is_some();
+        if ready || exited.is_some() {
+            break;
+        }
+    }
+    let what = format!("llama-server ({}) on {}", server.display(), model.display());
+    if !ready {
+        let how = match exited {
+            Some(status) => format!("exited ({status})"),
+            None => "did not answer /health in 60 s".to_owned(),
+        };
+        panic!(
+            "{what} did not become ready: {how}; {}",
+            log_tail(log.path())
+        );
+    }
     let body = serde_json::json!({
         "prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1,
         "return_tokens": true, "cache_prompt": false, "ignore_eos": true,
     });
-    let resp = http(port, "POST", "/completion", &body.to_string()).expect("completion");
+    let Some(resp) = http(port, "POST", "/completion", &body.to_string()) else {
+        let status = child.0.try_wait().ok().flatten();
+        panic!(
+            "{what}: /completion failed (exit: {status:?}); {}",
+            log_tail(log.path())
+        );
+    };
     let v: serde_json::Value = serde_json::from_str(&resp).unwrap();
     v["tokens"]
         .as_array()
