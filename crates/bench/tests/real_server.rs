@@ -2,9 +2,7 @@
 //! closed-loop run (6 prompts, 16 in / 8 out, concurrency 2) completes with no failure and
 //! exact lengths, its JSON parses back, and the plots are real PNG/SVG files. A text-prompt
 //! run on `/v1/chat/completions` completes too. The server runs in-process on an ephemeral
-//! loopback port, as in `crates/server/tests`.
-
-use std::sync::Arc;
+//! loopback port (`tokenmill_testutil::server`, as in `crates/server/tests`).
 
 use serde_json::Value;
 use tokenmill_bench::arrival::Arrival;
@@ -15,49 +13,28 @@ use tokenmill_bench::plot::sweep_plots;
 use tokenmill_bench::report::{Sla, best_under_sla};
 use tokenmill_bench::runner::{RunSpec, run};
 use tokenmill_bench::stats::Slo;
-use tokenmill_engine::KvCacheMemory;
-use tokenmill_server::{AppState, EngineOptions, ServerConfig, TokenizerPool};
+use tokenmill_engine::{EngineConfig, KvCacheMemory};
+use tokenmill_server::ServerConfig;
+use tokenmill_testutil::server::TestServer;
 use tokenmill_tokenizer::Tokenizer;
 
 const MODEL: &str = "smollm2-bench";
 
-/// Starts the server on a runtime of its own; returns its base URL and a shutdown sender.
-fn start_server() -> (String, tokio::sync::oneshot::Sender<()>) {
-    let opts = EngineOptions {
+/// The real server on the default model, small limits.
+fn start_server() -> TestServer {
+    let engine = EngineConfig {
         max_num_seqs: 8,
         max_num_batched_tokens: 256,
         max_model_len: Some(512),
         kv_cache_memory: KvCacheMemory::Bytes(64 << 20),
-        ..EngineOptions::new(tokenmill_testutil::model_path())
+        ..EngineConfig::default()
     };
     let config = ServerConfig {
         served_model_names: vec![MODEL.into()],
         model_path: tokenmill_testutil::model_path().display().to_string(),
         ..ServerConfig::default()
     };
-    let loaded = tokenmill_server::load(&opts).expect("loading the model");
-    let pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
-    let state = Arc::new(AppState::new(config, loaded.engine, pool));
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            addr_tx.send(listener.local_addr().unwrap()).unwrap();
-            let stop = async {
-                let _ = rx.await;
-            };
-            tokenmill_server::serve(listener, state, stop)
-                .await
-                .unwrap();
-        });
-    });
-    (format!("http://{}", addr_rx.recv().unwrap()), tx)
+    TestServer::start(engine, config)
 }
 
 fn spec(concurrency: usize) -> RunSpec {
@@ -77,7 +54,8 @@ fn spec(concurrency: usize) -> RunSpec {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn short_runs_against_tokenmill_serve() {
-    let (base, stop) = start_server();
+    let server = start_server();
+    let base = server.base.clone();
     let tok = Tokenizer::from_gguf_path(tokenmill_testutil::model_path()).unwrap();
     let client = reqwest::Client::new();
     let model = served_model(&client, &base, None).await.unwrap();
@@ -159,5 +137,5 @@ async fn short_runs_against_tokenmill_serve() {
         best_under_sla(std::slice::from_ref(&r.summary), &sla),
         Some(0)
     );
-    let _ = stop.send(());
+    server.stop();
 }

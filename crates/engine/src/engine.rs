@@ -25,25 +25,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::error::EngineError;
-use crate::request::{FinishReason, Request, RequestId, RequestParams};
+use crate::request::{Request, RequestId, RequestParams};
 use crate::runner::{ModelRunner, PromptLogprob, StepResult};
-use crate::sampler::Sampled;
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
-use crate::scheduler_output::{RequestEvent, SchedulerOutput};
-
-/// One generated token of a request.
-#[derive(Clone, Debug, PartialEq)]
-pub struct TokenOutput {
-    pub token: u32,
-    pub logprob: f32,
-    /// Top-N logprobs when the request asked for them.
-    pub top_logprobs: Vec<(u32, f32)>,
-    pub finish_reason: Option<FinishReason>,
-    /// Prompt tokens served from the prefix cache.
-    pub num_cached_tokens: usize,
-    /// On the first token only: time in the engine's waiting queue before first scheduled.
-    pub queue_time: Option<Duration>,
-}
+use crate::scheduler_output::{RequestOutput, SchedulerOutput, TokenOutput};
 
 /// What a [`RequestStream`] yields.
 #[derive(Clone, Debug, PartialEq)]
@@ -265,10 +250,11 @@ impl EngineLoop {
         let schedule = tokenmill_trace::scope("schedule", "engine");
         self.scheduler.schedule_into(&mut self.out);
         drop(schedule);
-        for id in &self.out.finished_req_ids {
-            self.runner.drop_request(*id);
-        }
         if self.out.is_empty() {
+            // No step runs: the runner forgets what finished without one.
+            for id in &self.out.finished_req_ids {
+                self.runner.drop_request(*id);
+            }
             step.cancel();
             // Aborts may have freed requests and blocks without a step: keep gauges true.
             self.refresh_idle_stats();
@@ -278,7 +264,10 @@ impl EngineLoop {
             self.trace_queue_waits(t0);
         }
         let t = Instant::now();
-        let result = match self.runner.execute(&self.out, &self.scheduler) {
+        let StepResult {
+            sampled,
+            prompt_logprobs,
+        } = match self.runner.execute(&self.out) {
             Ok(r) => r,
             Err(e) => {
                 self.fail_step(e);
@@ -287,18 +276,13 @@ impl EngineLoop {
         };
         let executed = t.elapsed();
         let update = tokenmill_trace::scope("update", "engine");
-        let sampled: Vec<(RequestId, u32)> = result
-            .sampled
-            .iter()
-            .map(|(id, s)| (*id, s.token))
-            .collect();
-        let events = self.scheduler.update_from_output(&self.out, &sampled);
+        let outputs = self.scheduler.update_from_output(&self.out, sampled);
         // The cost model learns the whole iteration (schedule + execute + update): that is the
         // time between a sequence's tokens, which the TPOT target is about.
         self.scheduler.record_step(&self.out, t0.elapsed());
         // Stats first, so a client that sees its last token also sees its blocks freed.
         self.publish_stats(executed);
-        self.send(result, events);
+        self.send(prompt_logprobs, outputs);
         drop(update);
         if step.is_recording() {
             self.trace_step(&mut step);
@@ -340,36 +324,29 @@ impl EngineLoop {
         step.arg("reqs", reqs);
     }
 
-    fn send(&mut self, result: StepResult, events: Vec<RequestEvent>) {
-        for (id, start, logprobs) in result.prompt_logprobs {
+    fn send(
+        &mut self,
+        prompt_logprobs: Vec<(RequestId, usize, Vec<PromptLogprob>)>,
+        outputs: Vec<RequestOutput>,
+    ) {
+        for (id, start, logprobs) in prompt_logprobs {
             if let Some(tx) = self.senders.get(&id) {
                 let _ = tx.send(StreamEvent::PromptLogprobs { start, logprobs });
             }
         }
-        let mut sampled: HashMap<RequestId, Sampled> = result.sampled.into_iter().collect();
-        for ev in events {
-            let Some(s) = sampled.remove(&ev.req_id) else {
-                continue;
-            };
-            let out = TokenOutput {
-                token: ev.token,
-                logprob: s.logprob,
-                top_logprobs: s.top,
-                finish_reason: ev.finish_reason,
-                num_cached_tokens: ev.num_cached_tokens,
-                queue_time: ev.queue_time,
-            };
+        for RequestOutput { req_id, output } in outputs {
+            let finished = output.finish_reason.is_some();
             let delivered = self
                 .senders
-                .get(&ev.req_id)
-                .is_some_and(|tx| tx.send(StreamEvent::Token(out)).is_ok());
-            if ev.finish_reason.is_some() {
-                self.senders.remove(&ev.req_id);
-                self.runner.drop_request(ev.req_id);
+                .get(&req_id)
+                .is_some_and(|tx| tx.send(StreamEvent::Token(output)).is_ok());
+            if finished {
+                self.senders.remove(&req_id);
+                self.runner.drop_request(req_id);
             } else if !delivered {
                 // The client went away: cancel.
-                self.scheduler.abort(ev.req_id);
-                self.senders.remove(&ev.req_id);
+                self.scheduler.abort(req_id);
+                self.senders.remove(&req_id);
             }
         }
     }

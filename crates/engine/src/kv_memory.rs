@@ -1,12 +1,7 @@
-//! How big a KV block is, and how many fit in a memory budget.
+//! How many KV blocks fit in a memory budget.
 //!
-//! The block pool deals in block ids only; what a block *holds* is a property of the model:
-//!
-//! - [`KvLayout::Standard`]: a K and a V vector per KV head per layer
-//!   (`2 · n_layers · n_kv_heads · head_dim` elements per token).
-//! - [`KvLayout::Latent`]: DeepSeek multi-head latent attention caches one compressed vector per
-//!   token per layer (`kv_lora_rank + rope_dim` elements; K and V are re-expanded from it, so
-//!   there is no separate V).
+//! The block pool deals in block ids only; what a block *holds* is a property of the model,
+//! its [`KvShape`] (`tokenmill_model::KvShape`: standard K/V or DeepSeek's latent row).
 //!
 //! Sizing: `num_blocks = budget / (block_size · bytes_per_token)` (bytes per element from the
 //! `--kv-cache-dtype`: an f16 cache holds twice the tokens), where the budget is either a
@@ -15,88 +10,9 @@
 
 use std::str::FromStr;
 
-use tokenmill_model::ModelConfig;
+use tokenmill_model::KvShape;
 
 use crate::error::EngineError;
-
-/// Per-token KV layout of a model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvLayout {
-    /// Separate K and V per KV head (llama, qwen2).
-    Standard {
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-    },
-    /// One latent vector per token (DeepSeek MLA): `kv_lora_rank` compressed KV plus the
-    /// decoupled RoPE key of `rope_dim`.
-    Latent {
-        n_layers: usize,
-        kv_lora_rank: usize,
-        rope_dim: usize,
-    },
-}
-
-impl KvLayout {
-    /// The standard layout of a llama-family model.
-    pub fn from_config(cfg: &ModelConfig) -> KvLayout {
-        KvLayout::Standard {
-            n_layers: cfg.n_layers,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
-        }
-    }
-
-    /// The layout a model's KV storage uses (latent for DeepSeek MLA).
-    pub fn from_model(model: &tokenmill_model::Model) -> KvLayout {
-        match model.kv_shape() {
-            tokenmill_model::KvShape::Standard {
-                n_layers,
-                n_kv_heads,
-                head_dim,
-            } => KvLayout::Standard {
-                n_layers,
-                n_kv_heads,
-                head_dim,
-            },
-            tokenmill_model::KvShape::Latent {
-                n_layers,
-                kv_lora_rank,
-                rope_dim,
-            } => KvLayout::Latent {
-                n_layers,
-                kv_lora_rank,
-                rope_dim,
-            },
-        }
-    }
-
-    /// Elements cached per token, all layers together.
-    pub fn elems_per_token(&self) -> usize {
-        match *self {
-            KvLayout::Standard {
-                n_layers,
-                n_kv_heads,
-                head_dim,
-            } => 2 * n_layers * n_kv_heads * head_dim,
-            KvLayout::Latent {
-                n_layers,
-                kv_lora_rank,
-                rope_dim,
-            } => n_layers * (kv_lora_rank + rope_dim),
-        }
-    }
-
-    /// Bytes cached per token with elements of `elem_bytes` (4 for f32, 2 for f16).
-    pub fn bytes_per_token(&self, elem_bytes: usize) -> usize {
-        self.elems_per_token() * elem_bytes
-    }
-
-    /// Bytes of one block of `block_size` tokens.
-    pub fn bytes_per_block(&self, block_size: usize, elem_bytes: usize) -> usize {
-        block_size * self.bytes_per_token(elem_bytes)
-    }
-}
 
 /// The KV cache memory budget: a byte count or a fraction of physical memory.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -151,15 +67,15 @@ impl FromStr for KvCacheMemory {
     }
 }
 
-/// Blocks of `block_size` tokens of `layout` (elements of `elem_bytes`) that fit in
+/// Blocks of `block_size` tokens of `shape` (elements of `elem_bytes`) that fit in
 /// `budget_bytes`. May be 0: the caller decides whether that is fatal.
 pub fn num_blocks_for_memory(
-    layout: &KvLayout,
+    shape: &KvShape,
     block_size: usize,
     elem_bytes: usize,
     budget_bytes: u64,
 ) -> usize {
-    let per_block = layout.bytes_per_block(block_size, elem_bytes) as u64;
+    let per_block = shape.bytes_per_block(block_size, elem_bytes) as u64;
     if per_block == 0 {
         return 0;
     }
@@ -179,26 +95,11 @@ pub fn system_memory_bytes() -> Option<u64> {
 mod tests {
     use super::*;
 
-    const SMOLLM2: KvLayout = KvLayout::Standard {
+    const SMOLLM2: KvShape = KvShape::Standard {
         n_layers: 30,
         n_kv_heads: 3,
         head_dim: 64,
     };
-
-    #[test]
-    fn standard_and_latent_sizes() {
-        // 2 (K,V) · 30 layers · 3 heads · 64 dims = 11520 elements = 46080 f32 bytes.
-        assert_eq!(SMOLLM2.bytes_per_token(4), 46_080);
-        assert_eq!(SMOLLM2.bytes_per_block(16, 4), 737_280);
-        // DeepSeek-V2-Lite: 27 layers · (512 + 64), no separate V.
-        let mla = KvLayout::Latent {
-            n_layers: 27,
-            kv_lora_rank: 512,
-            rope_dim: 64,
-        };
-        assert_eq!(mla.elems_per_token(), 27 * 576);
-        assert_eq!(mla.bytes_per_token(2), 27 * 576 * 2);
-    }
 
     #[test]
     fn blocks_from_budget() {

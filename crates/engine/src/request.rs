@@ -104,6 +104,8 @@ pub struct Request {
     pub(crate) block_hashes: Vec<BlockHash>,
     /// Whether the request has been admitted at least once (for prefix-cache stats).
     pub(crate) admitted_once: bool,
+    /// Whether a `SchedulerOutput` has carried it to the runner (as a `NewRequest`).
+    pub(crate) announced: bool,
 }
 
 impl Request {
@@ -123,6 +125,7 @@ impl Request {
             num_preemptions: 0,
             block_hashes: Vec::new(),
             admitted_once: false,
+            announced: false,
         }
     }
 

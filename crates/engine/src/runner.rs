@@ -1,9 +1,12 @@
 //! [`ModelRunner`]: executes a [`SchedulerOutput`] — one forward pass over its chunks, then one
 //! sampled token per chunk that asks for it (and prompt logprobs where requested).
 //!
-//! Owns the model, the KV storage, the activation workspace and each request's [`Sampler`]
-//! (created on the request's first sample, dropped when the scheduler says it finished). A
-//! sampler outlives preemption, so a seeded request continues its random stream unchanged.
+//! Owns the model, the KV storage, the activation workspace and its own per-request state:
+//! the prompt and parameters a [`NewRequest`] brought, and the request's [`Sampler`] — kept
+//! until the request's id comes back finished (`finished_req_ids`, or
+//! [`ModelRunner::drop_request`]). It outlives preemption, so a seeded request continues
+//! its random stream unchanged. Everything it reads comes from the [`SchedulerOutput`]: the
+//! runner knows nothing of the scheduler.
 //!
 //! The KV storage has one block more than the scheduler hands out: the scratch block that
 //! static batching's pad rows write to. A pad row (`PadChunk`) runs at its padded position
@@ -16,10 +19,10 @@ use std::collections::HashMap;
 use tokenmill_model::{KvDtype, LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
 
 use crate::error::EngineError;
-use crate::request::RequestId;
+use crate::request::{RequestId, RequestParams};
 use crate::sampler::{MAX_LOGPROBS, Sampled, Sampler, top_logprobs};
-use crate::scheduler::{Scheduler, SchedulerConfig};
-use crate::scheduler_output::SchedulerOutput;
+use crate::scheduler_config::SchedulerConfig;
+use crate::scheduler_output::{NewRequest, ScheduledChunk, SchedulerOutput};
 
 /// Logprob of one prompt token given the tokens before it, with the top alternatives.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,11 +40,18 @@ pub struct StepResult {
     pub prompt_logprobs: Vec<(RequestId, usize, Vec<PromptLogprob>)>,
 }
 
+/// What the runner keeps of a request between its first step and its end.
+struct RunnerRequest {
+    prompt: Vec<u32>,
+    params: RequestParams,
+    sampler: Sampler,
+}
+
 pub struct ModelRunner {
     model: Model,
     kv: ModelKv,
     ws: Workspace,
-    samplers: HashMap<RequestId, Sampler>,
+    requests: HashMap<RequestId, RunnerRequest>,
     /// Scratch: tokens banned for the request being sampled.
     banned: Vec<u32>,
     /// Block table of pad rows: the scratch block, once per block a sequence can span.
@@ -73,7 +83,7 @@ impl ModelRunner {
             model,
             kv,
             ws,
-            samplers: HashMap::new(),
+            requests: HashMap::new(),
             banned: Vec::new(),
             pad_table: vec![num_blocks as u32; config.max_model_len.div_ceil(config.block_size)],
             pad_tokens: Vec::new(),
@@ -89,19 +99,37 @@ impl ModelRunner {
         self.kv.bytes_per_token()
     }
 
-    /// Forgets a finished or aborted request's sampler.
+    /// Forgets a finished or aborted request (its prompt, parameters and sampler).
     pub fn drop_request(&mut self, id: RequestId) {
-        self.samplers.remove(&id);
+        self.requests.remove(&id);
     }
 
-    /// Runs one step. `sched` supplies each request's parameters and tokens so far.
-    pub fn execute(
-        &mut self,
-        out: &SchedulerOutput,
-        sched: &Scheduler,
-    ) -> Result<StepResult, EngineError> {
+    /// Requests the runner holds state for.
+    pub fn num_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    fn add_request(&mut self, r: &NewRequest) {
+        let sampler = Sampler::with_prompt(r.params.sampling.clone(), &r.prompt);
+        let state = RunnerRequest {
+            prompt: r.prompt.clone(),
+            params: r.params.clone(),
+            sampler,
+        };
+        self.requests.insert(r.req_id, state);
+    }
+
+    /// Runs one step: forgets `out.finished_req_ids`, takes in `out.new_requests`, runs the
+    /// forward pass over the chunks (and static batching's pad rows) and samples.
+    pub fn execute(&mut self, out: &SchedulerOutput) -> Result<StepResult, EngineError> {
         let mut exec = tokenmill_trace::scope("execute_model", "engine");
         let prepare = tokenmill_trace::scope("prepare_batch", "engine");
+        for id in &out.finished_req_ids {
+            self.requests.remove(id);
+        }
+        for r in &out.new_requests {
+            self.add_request(r);
+        }
         let longest_pad = out.pads.iter().map(|p| p.num_tokens).max().unwrap_or(0);
         if self.pad_tokens.len() < longest_pad {
             self.pad_tokens.resize(longest_pad, 0);
@@ -135,27 +163,14 @@ impl ModelRunner {
             let n_rows = sc.n_logits();
             let rows = &mut logits[row * vocab..(row + n_rows) * vocab];
             row += n_rows;
-            let Some(req) = sched.request(c.req_id) else {
-                continue;
+            let Some(req) = self.requests.get_mut(&c.req_id) else {
+                return Err(EngineError::Model(format!(
+                    "request {} was scheduled but never announced to the runner",
+                    c.req_id
+                )));
             };
             if sc.logits == LogitsWanted::All {
-                let n = req.params.sampling.logprobs.unwrap_or(0).min(MAX_LOGPROBS);
-                let prompt = req.prompt();
-                // Row i predicts the token at position start_pos + i + 1.
-                let entries = (0..sc.tokens.len())
-                    .filter(|i| c.start_pos + i + 1 < prompt.len())
-                    .map(|i| {
-                        let r = &rows[i * vocab..(i + 1) * vocab];
-                        let token = prompt[c.start_pos + i + 1];
-                        let top = top_logprobs(r, n.max(1));
-                        let logprob = log_softmax_at(r, token);
-                        PromptLogprob {
-                            token,
-                            logprob,
-                            top: if n == 0 { Vec::new() } else { top },
-                        }
-                    })
-                    .collect();
+                let entries = prompt_logprobs(req, c, rows, vocab);
                 result
                     .prompt_logprobs
                     .push((c.req_id, c.start_pos + 1, entries));
@@ -163,22 +178,44 @@ impl ModelRunner {
             if c.sample {
                 let last = &mut rows[(n_rows - 1) * vocab..];
                 let p = &req.params;
-                let sampler = self
-                    .samplers
-                    .entry(c.req_id)
-                    .or_insert_with(|| Sampler::with_prompt(p.sampling.clone(), req.prompt()));
                 // Stop tokens and EOS may not end the output before min_tokens.
                 self.banned.clear();
-                if req.num_output_tokens() < p.min_tokens && !p.ignore_eos {
+                if c.num_output_tokens < p.min_tokens && !p.ignore_eos {
                     self.banned
                         .extend(p.stop_token_ids.iter().chain(&p.eos_token_id));
                 }
-                let sampled = sampler.sample(last, &self.banned);
+                let sampled = req.sampler.sample(last, &self.banned);
                 result.sampled.push((c.req_id, sampled));
             }
         }
         Ok(result)
     }
+}
+
+/// Logprobs of the prompt tokens a chunk's rows predict: row `i` predicts the token at
+/// position `start_pos + i + 1`.
+fn prompt_logprobs(
+    req: &RunnerRequest,
+    c: &ScheduledChunk,
+    rows: &[f32],
+    vocab: usize,
+) -> Vec<PromptLogprob> {
+    let n = req.params.sampling.logprobs.unwrap_or(0).min(MAX_LOGPROBS);
+    let prompt = &req.prompt;
+    (0..c.num_tokens)
+        .filter(|i| c.start_pos + i + 1 < prompt.len())
+        .map(|i| {
+            let r = &rows[i * vocab..(i + 1) * vocab];
+            let token = prompt[c.start_pos + i + 1];
+            let top = top_logprobs(r, n.max(1));
+            let logprob = log_softmax_at(r, token);
+            PromptLogprob {
+                token,
+                logprob,
+                top: if n == 0 { Vec::new() } else { top },
+            }
+        })
+        .collect()
 }
 
 /// The batch's shape as `execute_model` arguments, for the profiler's FLOP and byte counts:
@@ -205,4 +242,135 @@ fn log_softmax_at(row: &[f32], token: u32) -> f32 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let lse = max + row.iter().map(|l| (l - max).exp()).sum::<f32>().ln();
     row[token as usize] - lse
+}
+
+#[cfg(test)]
+mod tests {
+    //! The runner driven from plain data: hand-made `SchedulerOutput`s, no scheduler.
+
+    use tokenmill_model::{LogitsWanted, Model};
+
+    use super::*;
+    use crate::block_pool::BlockId;
+    use crate::sampler::{SamplingParams, argmax};
+
+    const PROMPT: [u32; 6] = [1, 504, 3458, 282, 4649, 314];
+
+    fn config() -> SchedulerConfig {
+        SchedulerConfig {
+            num_blocks: 8,
+            block_size: 16,
+            max_num_batched_tokens: 64,
+            max_num_seqs: 4,
+            max_model_len: 128,
+            ..SchedulerConfig::default()
+        }
+    }
+
+    fn runner() -> ModelRunner {
+        let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
+        ModelRunner::new(model, &config())
+    }
+
+    fn new_request(id: u64, params: RequestParams) -> NewRequest {
+        NewRequest {
+            req_id: RequestId(id),
+            prompt: PROMPT.to_vec(),
+            params,
+        }
+    }
+
+    fn greedy(min_tokens: usize, eos: Option<u32>) -> RequestParams {
+        RequestParams {
+            min_tokens,
+            eos_token_id: eos,
+            sampling: SamplingParams::greedy(),
+            ..RequestParams::default()
+        }
+    }
+
+    /// The prompt of request `id` as one chunk on blocks `[2 id]`, sampled.
+    fn prompt_step(id: u64, logits: LogitsWanted, num_output_tokens: usize) -> SchedulerOutput {
+        let mut out = SchedulerOutput::new();
+        let blocks = [BlockId(2 * id as u32)];
+        out.push_chunk(
+            RequestId(id),
+            &PROMPT,
+            0,
+            &blocks,
+            logits,
+            true,
+            false,
+            num_output_tokens,
+        );
+        out
+    }
+
+    /// The greedy next token of the prompt, straight from the model.
+    fn model_greedy() -> u32 {
+        let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
+        let mut kv = model.kv_cache(1, 16);
+        let mut ws = model.workspace(16, 1);
+        let chunk = SeqChunk {
+            tokens: &PROMPT,
+            start_pos: 0,
+            block_table: &[0],
+            logits: LogitsWanted::Last,
+        };
+        argmax(model.forward(&[chunk], &mut kv, &mut ws).unwrap())
+    }
+
+    #[test]
+    fn a_new_request_samples_what_the_model_predicts_and_is_forgotten_when_finished() {
+        let mut r = runner();
+        let mut out = prompt_step(1, LogitsWanted::Last, 0);
+        out.new_requests.push(new_request(1, greedy(0, None)));
+        let res = r.execute(&out).unwrap();
+        assert_eq!(res.sampled.len(), 1);
+        assert_eq!(res.sampled[0].0, RequestId(1));
+        assert_eq!(res.sampled[0].1.token, model_greedy());
+        assert!(res.prompt_logprobs.is_empty());
+        assert_eq!(r.num_requests(), 1);
+        let mut done = SchedulerOutput::new();
+        done.finished_req_ids.push(RequestId(1));
+        r.execute(&done).unwrap();
+        assert_eq!(r.num_requests(), 0);
+    }
+
+    #[test]
+    fn min_tokens_bans_eos_by_the_chunks_output_count() {
+        let best = model_greedy();
+        let mut r = runner();
+        // EOS is the greedy token: banned while the request has fewer than 3 outputs.
+        let mut out = prompt_step(1, LogitsWanted::Last, 2);
+        out.new_requests.push(new_request(1, greedy(3, Some(best))));
+        assert_ne!(r.execute(&out).unwrap().sampled[0].1.token, best);
+        let out = prompt_step(1, LogitsWanted::Last, 3);
+        assert_eq!(r.execute(&out).unwrap().sampled[0].1.token, best);
+    }
+
+    #[test]
+    fn prompt_logprobs_come_from_the_runners_own_copy_of_the_prompt() {
+        let mut r = runner();
+        let mut out = prompt_step(1, LogitsWanted::All, 0);
+        let params = RequestParams {
+            prompt_logprobs: true,
+            ..greedy(0, None)
+        };
+        out.new_requests.push(new_request(1, params));
+        let res = r.execute(&out).unwrap();
+        let (id, start, entries) = &res.prompt_logprobs[0];
+        assert_eq!((*id, *start), (RequestId(1), 1));
+        let tokens: Vec<u32> = entries.iter().map(|e| e.token).collect();
+        assert_eq!(tokens, PROMPT[1..]);
+        assert!(entries.iter().all(|e| e.logprob < 0.0 && e.top.is_empty()));
+    }
+
+    #[test]
+    fn a_chunk_of_a_request_never_announced_is_an_error() {
+        let mut r = runner();
+        let out = prompt_step(3, LogitsWanted::Last, 0);
+        let err = r.execute(&out).err().unwrap();
+        assert!(err.to_string().contains("never announced"), "{err}");
+    }
 }

@@ -54,92 +54,10 @@ use tokenmill_model::LogitsWanted;
 use crate::error::EngineError;
 use crate::kv_manager::{CachedPrefix, KvCacheManager, PrefixCacheStats};
 use crate::request::{FinishReason, Request, RequestId, RequestStatus};
-use crate::scheduler_output::{PadChunk, RequestEvent, SchedulerOutput};
-use crate::sla::{SlaTargets, StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SchedulingPolicy {
-    /// First come, first served.
-    Fcfs,
-    /// Lowest `priority` value first, then arrival.
-    Priority,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Batching {
-    /// Iteration-level scheduling: requests join and leave the batch every step.
-    Continuous,
-    /// One fixed batch at a time, run to its slowest member; a batch forms once
-    /// `max_num_seqs` requests wait or the oldest has waited `max_wait`.
-    Static { max_wait: Duration },
-}
-
-#[derive(Clone, Debug, PartialEq)]
-pub struct SchedulerConfig {
-    /// Tokens per KV block.
-    pub block_size: usize,
-    /// Blocks in the KV cache (see `kv_layout::num_blocks_for_memory`).
-    pub num_blocks: usize,
-    /// Token budget of one step.
-    pub max_num_batched_tokens: usize,
-    /// Sequences running at once.
-    pub max_num_seqs: usize,
-    /// Prompt + output tokens of one request at most.
-    pub max_model_len: usize,
-    pub policy: SchedulingPolicy,
-    pub enable_prefix_caching: bool,
-    /// Split prompts longer than the remaining budget across steps.
-    pub enable_chunked_prefill: bool,
-    /// With chunked prefill: no request gets more than this many tokens in one step.
-    pub long_prefill_token_threshold: Option<usize>,
-    pub batching: Batching,
-    /// Attention window of the model, if it has one: blocks that leave it are freed.
-    pub sliding_window: Option<usize>,
-    pub sla: SlaTargets,
-}
-
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        SchedulerConfig {
-            block_size: 16,
-            num_blocks: 1024,
-            max_num_batched_tokens: 2048,
-            max_num_seqs: 64,
-            max_model_len: 8192,
-            policy: SchedulingPolicy::Fcfs,
-            enable_prefix_caching: true,
-            enable_chunked_prefill: true,
-            long_prefill_token_threshold: None,
-            batching: Batching::Continuous,
-            sliding_window: None,
-            sla: SlaTargets::default(),
-        }
-    }
-}
-
-impl SchedulerConfig {
-    pub fn validate(&self) -> Result<(), EngineError> {
-        let bad = |m: &str| Err(EngineError::InvalidConfig(m.to_string()));
-        if self.block_size == 0 || self.num_blocks == 0 {
-            return bad("block_size and num_blocks must be positive");
-        }
-        if self.max_num_seqs == 0 || self.max_model_len == 0 {
-            return bad("max_num_seqs and max_model_len must be positive");
-        }
-        if self.max_num_batched_tokens < self.max_num_seqs {
-            return bad("max_num_batched_tokens must be at least max_num_seqs");
-        }
-        if !self.enable_chunked_prefill && self.max_num_batched_tokens < self.max_model_len {
-            return bad(
-                "without chunked prefill, max_num_batched_tokens must be at least max_model_len",
-            );
-        }
-        if self.long_prefill_token_threshold == Some(0) || self.sliding_window == Some(0) {
-            return bad("long_prefill_token_threshold and sliding_window must be positive");
-        }
-        Ok(())
-    }
-}
+use crate::sampler::Sampled;
+pub use crate::scheduler_config::{Batching, SchedulerConfig, SchedulingPolicy};
+use crate::scheduler_output::{NewRequest, PadChunk, RequestOutput, SchedulerOutput, TokenOutput};
+use crate::sla::{StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
 
 /// Gauges and counters for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -343,13 +261,14 @@ impl Scheduler {
         self.materialize(out);
     }
 
-    /// Applies a finished step: `sampled` holds one token for each `sample` chunk (extra or
-    /// stale entries are ignored). Returns one event per delivered token.
+    /// Applies a finished step: `sampled` holds the runner's token (with its logprobs) for
+    /// each `sample` chunk (extra or stale entries are ignored). Returns one complete output
+    /// per delivered token, in `sampled` order.
     pub fn update_from_output(
         &mut self,
         out: &SchedulerOutput,
-        sampled: &[(RequestId, u32)],
-    ) -> Vec<RequestEvent> {
+        sampled: Vec<(RequestId, Sampled)>,
+    ) -> Vec<RequestOutput> {
         for c in &out.chunks {
             let Some(req) = self.requests.get_mut(&c.req_id) else {
                 continue;
@@ -362,42 +281,44 @@ impl Scheduler {
                 .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
         }
         let (bs, max_len) = (self.config.block_size, self.config.max_model_len);
-        let mut events = Vec::with_capacity(sampled.len());
+        let mut outputs = Vec::with_capacity(sampled.len());
         let mut any_finished = false;
-        for &(id, token) in sampled {
+        for (id, s) in sampled {
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
             if req.status != RequestStatus::Running || req.num_uncomputed_tokens() != 0 {
                 continue;
             }
-            let finish_reason = req.append_output(token, bs, max_len);
+            let finish_reason = req.append_output(s.token, bs, max_len);
             if let Some(reason) = finish_reason {
                 req.status = RequestStatus::Finished(reason);
                 any_finished = true;
             }
-            events.push(RequestEvent {
-                req_id: id,
-                token,
+            let output = TokenOutput {
+                token: s.token,
+                logprob: s.logprob,
+                top_logprobs: s.top,
                 finish_reason,
                 num_cached_tokens: req.num_cached_tokens,
                 queue_time: (req.num_output_tokens() == 1)
                     .then(|| req.first_scheduled_at.map(|t| t - req.arrival_time))
                     .flatten(),
-            });
+            };
+            outputs.push(RequestOutput { req_id: id, output });
         }
         if any_finished {
-            for e in &events {
-                if e.finish_reason.is_some() {
-                    self.kv.free(e.req_id);
-                    self.requests.remove(&e.req_id);
-                    self.finished.push(e.req_id);
+            for o in &outputs {
+                if o.output.finish_reason.is_some() {
+                    self.kv.free(o.req_id);
+                    self.requests.remove(&o.req_id);
+                    self.finished.push(o.req_id);
                 }
             }
             let requests = &self.requests;
             self.running.retain(|id| requests.contains_key(id));
         }
-        events
+        outputs
     }
 
     /// Feeds the measured duration of the step `out` described to the step-time model (an
@@ -744,9 +665,18 @@ impl Scheduler {
         }
     }
 
-    /// Writes the final plan into `out`.
+    /// Writes the final plan into `out`, announcing requests the runner has not seen.
     fn materialize(&mut self, out: &mut SchedulerOutput) {
         for &(id, n) in &self.plan {
+            let req = self.requests.get_mut(&id).expect("planned request exists");
+            if !req.announced {
+                req.announced = true;
+                out.new_requests.push(NewRequest {
+                    req_id: id,
+                    prompt: req.prompt().to_vec(),
+                    params: req.params.clone(),
+                });
+            }
             let req = &self.requests[&id];
             let start = req.num_computed_tokens;
             let end = start + n;
@@ -769,6 +699,7 @@ impl Scheduler {
                 logits,
                 sample,
                 is_decode(req, req.num_uncomputed_tokens()) && n == 1,
+                req.num_output_tokens(),
             );
         }
         out.predicted = self.step_model.predict(&out.features);

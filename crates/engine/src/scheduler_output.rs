@@ -1,13 +1,23 @@
-//! [`SchedulerOutput`]: what one step runs — plain data, no borrows into the scheduler.
+//! [`SchedulerOutput`]: what one step runs — plain data, no borrows into the scheduler, and
+//! everything the runner needs (vLLM's `SchedulerOutput`): the runner never asks the
+//! scheduler anything.
 //!
-//! One [`ScheduledChunk`] per scheduled request, each mapping 1:1 onto the model's
-//! [`SeqChunk`]: the token ids to run, their start position, the request's block table and
-//! which logits are wanted. Token ids and block tables live in two flat buffers owned by the
-//! output, so a caller that keeps one `SchedulerOutput` and passes it to
-//! [`Scheduler::schedule_into`](crate::scheduler::Scheduler::schedule_into) every step
-//! allocates nothing once the buffers have grown.
+//! - [`NewRequest`]s: the prompt and parameters of each request scheduled for the first
+//!   time, sent once; the runner keeps them (and the request's sampler) until the request's id
+//!   comes back in `finished_req_ids` — preemption does not end a request.
+//! - One [`ScheduledChunk`] per scheduled request, each mapping 1:1 onto the model's
+//!   [`SeqChunk`]: the token ids to run, their start position, the request's block table,
+//!   which logits are wanted and how many output tokens the request had when scheduled.
+//!   Token ids and block tables live in two flat buffers owned by the output, so a caller
+//!   that keeps one `SchedulerOutput` and passes it to
+//!   [`Scheduler::schedule_into`](crate::scheduler::Scheduler::schedule_into) every step
+//!   allocates nothing once the buffers have grown (a new request's prompt is copied once).
 //!
-//! Invariants: chunks name distinct requests; `tokens(c).len() == c.num_tokens`;
+//! What comes back, [`Scheduler::update_from_output`](crate::scheduler::Scheduler::update_from_output),
+//! is one complete [`RequestOutput`] per delivered token.
+//!
+//! Invariants: chunks name distinct requests; a chunk's request is in `new_requests` of this
+//! step or an earlier one and not yet finished; `tokens(c).len() == c.num_tokens`;
 //! `block_table(c)` covers positions `< c.start_pos + c.num_tokens`; a chunk with `sample`
 //! ends at its request's last known token, and its logits are `Last` or `All`.
 
@@ -16,8 +26,16 @@ use std::time::Duration;
 use tokenmill_model::{LogitsWanted, SeqChunk};
 
 use crate::block_pool::BlockId;
-use crate::request::{FinishReason, RequestId};
+use crate::request::{FinishReason, RequestId, RequestParams};
 use crate::sla::StepFeatures;
+
+/// A request the runner has not seen before: sent once, at its first scheduling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRequest {
+    pub req_id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: RequestParams,
+}
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScheduledChunk {
@@ -31,6 +49,8 @@ pub struct ScheduledChunk {
     pub sample: bool,
     /// A single new token past the prompt (for the step-time model).
     pub is_decode: bool,
+    /// Output tokens the request had when this step was planned (`min_tokens` counts them).
+    pub num_output_tokens: usize,
     token_offset: usize,
     block_offset: usize,
     num_blocks: usize,
@@ -48,6 +68,8 @@ pub struct PadChunk {
 
 #[derive(Clone, Debug, Default)]
 pub struct SchedulerOutput {
+    /// Requests scheduled for the first time (before any chunk of theirs runs).
+    pub new_requests: Vec<NewRequest>,
     pub chunks: Vec<ScheduledChunk>,
     /// Σ `num_tokens` over chunks.
     pub num_scheduled_tokens: usize,
@@ -79,6 +101,7 @@ impl SchedulerOutput {
 
     /// Empties the output, keeping its buffers.
     pub fn clear(&mut self) {
+        self.new_requests.clear();
         self.chunks.clear();
         self.num_scheduled_tokens = 0;
         self.preempted.clear();
@@ -135,6 +158,7 @@ impl SchedulerOutput {
         logits: LogitsWanted,
         sample: bool,
         is_decode: bool,
+        num_output_tokens: usize,
     ) {
         self.chunks.push(ScheduledChunk {
             req_id,
@@ -143,6 +167,7 @@ impl SchedulerOutput {
             logits,
             sample,
             is_decode,
+            num_output_tokens,
             token_offset: self.token_ids.len(),
             block_offset: self.block_ids.len(),
             num_blocks: blocks.len(),
@@ -154,16 +179,25 @@ impl SchedulerOutput {
     }
 }
 
-/// One sampled token delivered to a request, and whether that finished it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RequestEvent {
-    pub req_id: RequestId,
+/// One generated token of a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOutput {
     pub token: u32,
+    pub logprob: f32,
+    /// Top-N logprobs when the request asked for them.
+    pub top_logprobs: Vec<(u32, f32)>,
     pub finish_reason: Option<FinishReason>,
-    /// Prompt tokens served from the prefix cache (for usage reporting).
+    /// Prompt tokens served from the prefix cache.
     pub num_cached_tokens: usize,
-    /// On a request's first output token: the time it waited before it was first scheduled.
+    /// On the first token only: time in the engine's waiting queue before first scheduled.
     pub queue_time: Option<Duration>,
+}
+
+/// A token delivered to a request by [`Scheduler::update_from_output`](crate::scheduler::Scheduler::update_from_output).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestOutput {
+    pub req_id: RequestId,
+    pub output: TokenOutput,
 }
 
 #[cfg(test)]
@@ -181,6 +215,7 @@ mod tests {
             LogitsWanted::Last,
             true,
             false,
+            0,
         );
         out.push_chunk(
             RequestId(2),
@@ -190,6 +225,7 @@ mod tests {
             LogitsWanted::Last,
             true,
             true,
+            4,
         );
         let seqs: Vec<_> = out.seq_chunks().collect();
         assert_eq!(seqs[0].tokens, &[5, 6, 7]);

@@ -369,7 +369,7 @@ fn abort_frees_blocks_at_the_next_schedule() {
     d.sched.schedule_into(&mut d.out);
     d.abort(RequestId(2));
     let sampled = d.runner.run(&d.out);
-    assert!(d.sched.update_from_output(&d.out, &sampled).is_empty());
+    assert!(d.sched.update_from_output(&d.out, sampled).is_empty());
     d.run_to_completion(100);
     assert_eq!(d.sched.kv().num_free_blocks(), 16);
     d.check_against_reference();

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::deepseek::{DeepSeekModel, LatentKvCache};
-use crate::{KvCache, KvDtype, LlamaModel, ModelError, SeqChunk, Workspace};
+use crate::{KvCache, KvDtype, KvShape, LlamaModel, ModelError, SeqChunk, Workspace};
 
 pub enum Model {
     Llama(LlamaModel),
@@ -17,23 +17,6 @@ pub enum Model {
 pub enum ModelKv {
     Paged(KvCache),
     Latent(LatentKvCache),
-}
-
-/// What each token caches, per layer (for sizing and reporting).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvShape {
-    /// Separate K and V of `n_kv_heads · head_dim` each.
-    Standard {
-        n_layers: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-    },
-    /// One latent row of `kv_lora_rank + rope_dim`.
-    Latent {
-        n_layers: usize,
-        kv_lora_rank: usize,
-        rope_dim: usize,
-    },
 }
 
 impl From<LlamaModel> for Model {

@@ -4,7 +4,8 @@
 //!
 //! Each choice is a [`ChoiceRunner`] owning its [`RequestStream`]: it waits for engine
 //! events, drains whatever else is already queued, and hands the batch to its
-//! [`OutputProcessor`] on the tokenizer pool. Choices are merged with `select_all`.
+//! [`OutputProcessor`] on the tokenizer pool's output lane. Choices are merged with
+//! `select_all`.
 //!
 //! Cancellation is ownership: the response body (streaming) or the handler future
 //! (non-streaming) owns the runners; when the client goes away hyper drops it, each
@@ -197,7 +198,7 @@ impl ChoiceRunner {
         let mut processor = self.processor.take()?;
         let result = self
             .pool
-            .run(move |tok| {
+            .run_output(move |tok| {
                 let _s = tokenmill_trace::scope("detokenize", "server");
                 let up = processor.process(tok, events);
                 (processor, up)

@@ -3,15 +3,16 @@
 //! Data path of a generation request (one owner per step):
 //!
 //! ```text
-//! axum handler ─ JsonBody/Fields (400/413) ─ sampling::parse (400 naming the param)
-//!   ─ admission precheck (429) ─ TokenizerPool (blocking pool or gRPC) ─ context check (400)
+//! axum handler ─ JsonBody/Fields (400/413) ─ validation::validate: model (404), sampling
+//!   fields (400 naming the param), prompt or messages (400), admission precheck (429),
+//!   TokenizerPool (blocking pool or gRPC), context check (400)
 //!   ─ generation::submit (admit: 429) ─► EngineHandle::submit × n
-//!   ◄─ RequestStream events ─ ChoiceRunner ─ OutputProcessor on the pool (detokenize,
-//!      stop strings with holdback, logprobs) ─ JSON or SSE/NDJSON frames
+//!   ◄─ RequestStream events ─ ChoiceRunner ─ OutputProcessor on the pool's output lane
+//!      (detokenize, stop strings with holdback, logprobs) ─ JSON or SSE/NDJSON frames
 //! ```
 //!
-//! Modules: [`app`] (router, middleware, drain), [`routes`] (handlers), [`sampling`] and
-//! [`json`] (validation), [`generation`] and [`output`] (running choices), [`admission`],
+//! Modules: [`app`] (router, middleware, drain), [`routes`] (handlers: formatters over
+//! [`validation`]'s one `validate`), [`json`] (body fields), [`generation`] and [`output`] (running choices), [`admission`],
 //! [`metrics`], [`tokenizer_pool`] and [`grpc`] (tokenization, local or remote), [`launch`]
 //! (model + engine start-up), [`error`] (OpenAI error shape).
 //!
@@ -29,13 +30,13 @@ pub mod launch;
 pub mod metrics;
 pub mod output;
 pub mod routes;
-pub mod sampling;
 pub mod sse;
 pub mod state;
 pub mod tokenizer_pool;
+pub mod validation;
 
 pub use app::{router, serve, serve_when_ready, shutdown_signal};
 pub use error::ApiError;
-pub use launch::{EngineOptions, Loaded, load};
+pub use launch::{Loaded, load};
 pub use state::{AppState, ServerConfig, SharedState};
 pub use tokenizer_pool::TokenizerPool;

@@ -3,6 +3,9 @@
 //! Never on the async runtime (a long prompt would stall every connection on that worker)
 //! and never on the engine thread: jobs run on tokio's blocking pool, at most `workers` at a
 //! time (a semaphore), so a burst of huge prompts cannot take every core from the engine.
+//! The streaming detokenization of outputs has a lane of its own ([`TokenizerPool::run_output`],
+//! its own `workers` permits): its jobs are a few tokens each, and a burst of long prompts
+//! waiting for the prompt lane cannot stall the text of the streams already running.
 //!
 //! With a remote tokenizer (`serve --tokenizer-endpoint`), prompt tokenization, chat
 //! rendering and `/tokenize` / `/detokenize` go to the gRPC tokenizer service instead;
@@ -22,7 +25,10 @@ use crate::grpc::RemoteTokenizer;
 #[derive(Clone)]
 pub struct TokenizerPool {
     local: Arc<Tokenizer>,
+    /// The prompt lane: tokenization, chat rendering, `/detokenize`.
     permits: Arc<Semaphore>,
+    /// The output lane: per-token detokenization of running streams.
+    output_permits: Arc<Semaphore>,
     remote: Option<RemoteTokenizer>,
 }
 
@@ -31,6 +37,7 @@ impl TokenizerPool {
         TokenizerPool {
             local: tokenizer,
             permits: Arc::new(Semaphore::new(workers.max(1))),
+            output_permits: Arc::new(Semaphore::new(workers.max(1))),
             remote: None,
         }
     }
@@ -50,16 +57,32 @@ impl TokenizerPool {
         &self.local
     }
 
-    /// Runs `f` on the blocking pool with the local tokenizer.
+    /// Runs `f` on the blocking pool with the local tokenizer, in the prompt lane.
     pub async fn run<T, F>(&self, f: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tokenizer) -> T + Send + 'static,
+    {
+        self.run_in(&self.permits, f).await
+    }
+
+    /// Runs `f` like [`Self::run`], in the output lane (running streams' detokenization).
+    pub async fn run_output<T, F>(&self, f: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tokenizer) -> T + Send + 'static,
+    {
+        self.run_in(&self.output_permits, f).await
+    }
+
+    async fn run_in<T, F>(&self, lane: &Arc<Semaphore>, f: F) -> Result<T, ApiError>
     where
         T: Send + 'static,
         F: FnOnce(&Tokenizer) -> T + Send + 'static,
     {
         // The permit moves into the job: a caller that goes away (client disconnect) does
         // not free its slot while the job still runs.
-        let permit = self
-            .permits
+        let permit = lane
             .clone()
             .acquire_owned()
             .await

@@ -104,7 +104,7 @@ async fn remote_tokenizer_round_trips_the_fixtures_like_the_local_one() {
 
 #[tokio::test]
 async fn http_server_with_a_remote_tokenizer() {
-    let loaded = tokenmill_server::load(&common::engine_options()).unwrap();
+    let loaded = common::load_default_model(&common::engine_options());
     let url = start_service(loaded.tokenizer.clone());
     let remote = RemoteTokenizer::connect(&url).await.unwrap();
     let pool = TokenizerPool::new(loaded.tokenizer.clone(), 2).with_remote(remote);

@@ -17,7 +17,7 @@ const LONG: Duration = Duration::from_secs(60);
 async fn disconnects_mid_stream_and_mid_queue_free_everything() {
     // One sequence at a time, so a second request waits in the queue.
     let s = TestServer::start(
-        tokenmill_server::EngineOptions {
+        tokenmill_engine::EngineConfig {
             max_num_seqs: 1,
             ..common::engine_options()
         },
@@ -104,7 +104,7 @@ async fn disconnects_mid_stream_and_mid_queue_free_everything() {
 #[tokio::test]
 async fn overload_burst_gets_429_and_admitted_requests_complete() {
     let s = TestServer::start(
-        tokenmill_server::EngineOptions {
+        tokenmill_engine::EngineConfig {
             max_num_seqs: 1,
             ..common::engine_options()
         },
@@ -157,6 +157,76 @@ async fn overload_burst_gets_429_and_admitted_requests_complete() {
         })
         .unwrap();
     assert!(line.ends_with(&format!(" {rejected}.0")), "{line}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_prompt_tokenizer_does_not_stall_running_streams() {
+    // One tokenizer worker, held by a job that ends only when the test says so: every new
+    // prompt waits for it, and the stream already running must still get all its text.
+    let s = TestServer::start(
+        common::engine_options(),
+        tokenmill_server::ServerConfig {
+            tokenizer_workers: 1,
+            ..common::server_config()
+        },
+    );
+    let c = client();
+    let body = json!({"prompt": "Count to twenty:", "max_tokens": 40, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+    let r = c
+        .post(s.url("/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut stream = r.bytes_stream();
+    let first = stream.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel::<()>();
+    let pool = s.state.pool.clone();
+    let blocker = tokio::spawn(async move {
+        pool.run(move |_| {
+            let _ = held_tx.send(());
+            let _ = release_rx.recv();
+        })
+        .await
+        .unwrap();
+    });
+    held_rx.await.unwrap();
+    // A new prompt now queues behind the blocker...
+    let queued = {
+        let (c, url) = (c.clone(), s.url("/v1/completions"));
+        tokio::spawn(async move { post(&c, &url, &json!({"prompt": "Hi", "max_tokens": 2})).await })
+    };
+    // ...while the running stream finishes (a liveness bound, not a speed assertion).
+    let rest = tokio::time::timeout(LONG, async {
+        let mut text = String::from_utf8_lossy(&first).into_owned();
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+        text
+    })
+    .await
+    .expect("the running stream stalled behind the blocked prompt tokenizer");
+    assert!(rest.trim_end().ends_with("data: [DONE]"), "{rest}");
+    let chunks = common::sse_data(&rest);
+    let finish = chunks
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["finish_reason"].as_str().map(String::from))
+        .collect::<Vec<_>>();
+    assert_eq!(finish, vec!["length".to_string()]);
+    assert!(
+        !queued.is_finished(),
+        "the new prompt waits for the prompt tokenizer"
+    );
+    release_tx.send(()).unwrap();
+    blocker.await.unwrap();
+    let (status, r) = queued.await.unwrap();
+    assert_eq!(status, 200, "{r}");
 }
 
 #[tokio::test]
@@ -287,7 +357,7 @@ async fn health_is_503_while_loading_and_a_failed_load_ends_the_server() {
     assert_eq!(status, 503, "{e}");
     assert_eq!(e["error"]["message"], "the model is loading");
 
-    let loaded = tokenmill_server::load(&common::engine_options()).unwrap();
+    let loaded = common::load_default_model(&common::engine_options());
     let pool = TokenizerPool::new(loaded.tokenizer.clone(), 2);
     let state = AppState::new(common::server_config(), loaded.engine, pool);
     assert!(ready_tx.send(Arc::new(state)).is_ok());

@@ -26,7 +26,7 @@ async fn profile_routes_record_a_session_into_the_profile_dir() {
     off.stop();
 
     let dir = std::env::temp_dir().join(format!("tm-profile-{}", std::process::id()));
-    let loaded = tokenmill_server::load(&engine_options()).expect("loading the model");
+    let loaded = load_default_model(&engine_options());
     let config = server_config();
     let pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
     let state = AppState::new(config, loaded.engine, pool).with_profile_dir(Some(dir.clone()));

@@ -2,7 +2,11 @@
 //!
 //! - [`model_path`]: the default model, fetched by `scripts/fetch-model.sh` on first use, since
 //!   CI starts from a clean clone;
-//! - [`fixtures_dir`]: the committed reference fixtures under `tests/fixtures/`.
+//! - [`fixtures_dir`]: the committed reference fixtures under `tests/fixtures/`;
+//! - `server` (feature `server`): the in-process test server over the real engine.
+
+#[cfg(feature = "server")]
+pub mod server;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -1,13 +1,14 @@
-//! Engine flags shared by the commands that run the serving engine (`bench-engine`, and the
-//! server), and building the engine from them.
+//! Engine flags shared by the commands that run the serving engine (`serve`, `bench-engine`,
+//! `profile`), mapped onto the engine's one configuration, [`EngineConfig`]; the engine
+//! itself is started by [`tokenmill_engine::launch`].
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use tokenmill_engine::{
-    Batching, EngineHandle, KvCacheMemory, KvDtype, KvLayout, ModelRunner, SchedulerConfig,
-    SchedulingPolicy, SlaTargets, num_blocks_for_memory, system_memory_bytes,
+    Batching, EngineConfig, EngineHandle, KvCacheMemory, KvDtype, STATIC_BATCH_MAX_WAIT,
+    SchedulingPolicy, SlaTargets,
 };
 use tokenmill_model::Model;
 
@@ -81,81 +82,63 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// Loads the model and starts the engine thread. Returns the handle and the model path.
-    pub fn start(&self) -> anyhow::Result<(EngineHandle, PathBuf)> {
-        crate::init_threads(self.threads);
-        let path = crate::model_path::resolve(self.model.clone())?;
-        let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
-        let config = self.scheduler_config(&model)?;
-        let runner = ModelRunner::with_kv_dtype(model, &config, self.kv_cache_dtype.into());
-        eprintln!(
-            "KV cache: {} blocks of {} tokens, {} bytes per token ({})",
-            config.num_blocks,
-            config.block_size,
-            runner.kv_bytes_per_token(),
-            KvDtype::from(self.kv_cache_dtype)
-        );
-        let (handle, _thread) = tokenmill_engine::start(runner, config)?;
-        Ok((handle, path))
-    }
-
-    pub fn scheduler_config(&self, model: &Model) -> anyhow::Result<SchedulerConfig> {
-        let memory: KvCacheMemory = self.kv_cache_memory.parse()?;
-        let budget = memory.resolve(system_memory_bytes().unwrap_or(8 << 30));
-        let num_blocks = num_blocks_for_memory(
-            &KvLayout::from_model(model),
-            self.block_size.max(1),
-            model.kv_elem_bytes(self.kv_cache_dtype.into()),
-            budget,
-        );
-        if num_blocks == 0 {
-            bail!(
-                "--kv-cache-memory {} holds no KV block",
-                self.kv_cache_memory
-            );
-        }
+    /// The engine configuration these flags ask for.
+    pub fn config(&self) -> anyhow::Result<EngineConfig> {
+        let kv_cache_memory: KvCacheMemory = self.kv_cache_memory.parse()?;
         let ms = |v: Option<f64>| {
             v.filter(|v| *v > 0.0)
                 .map(|v| Duration::from_secs_f64(v / 1e3))
         };
-        let max_model_len = self
-            .max_model_len
-            .unwrap_or(model.context_length())
-            .min(model.context_length());
-        let config = SchedulerConfig {
-            block_size: self.block_size,
-            num_blocks,
-            max_num_batched_tokens: self.max_num_batched_tokens,
+        Ok(EngineConfig {
             max_num_seqs: self.max_num_seqs,
-            max_model_len,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_model_len: self.max_model_len,
+            kv_cache_memory,
+            kv_cache_dtype: self.kv_cache_dtype.into(),
+            block_size: self.block_size,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
             policy: if self.priority_scheduling {
                 SchedulingPolicy::Priority
             } else {
                 SchedulingPolicy::Fcfs
             },
-            enable_prefix_caching: !self.no_enable_prefix_caching,
-            enable_chunked_prefill: true,
-            long_prefill_token_threshold: None,
             batching: match self.batching {
                 BatchingArg::Continuous => Batching::Continuous,
                 BatchingArg::Static => Batching::Static {
-                    max_wait: Duration::from_millis(100),
+                    max_wait: STATIC_BATCH_MAX_WAIT,
                 },
             },
-            sliding_window: None,
             sla: SlaTargets {
                 ttft: ms(self.target_ttft_ms),
                 tpot: ms(self.target_tpot_ms),
             },
-        };
-        config.validate()?;
-        Ok(config)
+        })
+    }
+
+    /// Loads the model and launches the engine. Returns the handle and the model path.
+    pub fn start(&self) -> anyhow::Result<(EngineHandle, PathBuf)> {
+        crate::init_threads(self.threads);
+        let config = self.config()?;
+        let path = crate::model_path::resolve(self.model.clone())?;
+        let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
+        let launched = tokenmill_engine::launch(&config, model)?;
+        for w in &launched.warnings {
+            eprintln!("warning: {w}");
+        }
+        let c = &launched.config;
+        eprintln!(
+            "KV cache: {} blocks of {} tokens, {} bytes per token ({})",
+            c.num_blocks, c.block_size, launched.kv_bytes_per_token, config.kv_cache_dtype
+        );
+        Ok((launched.handle, path))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use clap::Parser;
+
+    use tokenmill_engine::ModelRunner;
 
     use super::*;
 
@@ -184,18 +167,16 @@ mod tests {
     #[test]
     fn f16_kv_cache_holds_twice_the_blocks_of_the_same_memory() {
         let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
-        let blocks = |dtype: &str| {
+        let scheduler_config = |dtype: &str| {
             let a = parse(&["--kv-cache-memory", "64MiB", "--kv-cache-dtype", dtype]).unwrap();
-            a.scheduler_config(&model).unwrap().num_blocks
+            a.config().unwrap().scheduler_config(&model).unwrap().0
         };
+        let blocks = |dtype: &str| scheduler_config(dtype).num_blocks;
         let (f32_blocks, f16_blocks) = (blocks("f32"), blocks("f16"));
         // SmolLM2: 46080 bytes per token in f32; 64 MiB / (16 · 46080) = 91 blocks.
         assert_eq!(f32_blocks, 91);
         assert_eq!(f16_blocks, 2 * f32_blocks);
-        let config = parse(&["--kv-cache-memory", "64MiB", "--kv-cache-dtype", "f16"])
-            .unwrap()
-            .scheduler_config(&model)
-            .unwrap();
+        let config = scheduler_config("f16");
         let runner = ModelRunner::with_kv_dtype(model, &config, KvDtype::F16);
         assert_eq!(runner.kv_bytes_per_token(), 46080 / 2);
     }

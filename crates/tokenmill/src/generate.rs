@@ -1,18 +1,22 @@
 //! `tokenmill generate`: one prompt, streamed to stdout, with prefill/decode speed on stderr.
 //!
-//! Runs the model directly (one sequence, blocks `0..n` of a private KV cache): the prompt is
-//! prefilled as one chunk, then one token per step is sampled, streamed through the
-//! incremental detokenizer, until `--max-tokens` or a stop token. Any [`Model`] runs: a
-//! Llama-family model over the paged K/V cache or DeepSeek over its latent cache.
+//! Runs the prompt as the only request of an in-process engine (the same
+//! [`tokenmill_engine::launch`] as `serve`, with a KV cache just large enough for it) and
+//! streams the tokens of its [`RequestStream`](tokenmill_engine::RequestStream) through the
+//! incremental detokenizer: one decode loop and one stop rule, the engine's. Any model the
+//! engine runs works: a Llama-family model over the paged K/V cache or DeepSeek over its
+//! latent cache.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use tokenmill_engine::{Sampler, SamplingParams};
-use tokenmill_model::{LogitsWanted, Model, SeqChunk};
-use tokenmill_tokenizer::ChatMessage;
+use tokenmill_engine::{
+    EngineConfig, FinishReason, KvCacheMemory, RequestParams, SamplingParams, StreamEvent,
+};
+use tokenmill_model::Model;
+use tokenmill_tokenizer::{ChatMessage, Tokenizer};
 
 use crate::engine_args::KvDtypeArg;
 
@@ -60,16 +64,100 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if !(args.temperature >= 0.0 && args.top_p > 0.0 && args.top_p <= 1.0) {
         bail!("--temperature must be ≥ 0 and --top-p in (0, 1]");
     }
+    if args.max_tokens == 0 {
+        bail!("--max-tokens must be at least 1");
+    }
     crate::init_threads(args.threads);
-    let path = crate::model_path::resolve(args.model)?;
+    let path = crate::model_path::resolve(args.model.clone())?;
     let tokenizer = crate::model_path::tokenizer(&path)?;
     for warning in tokenizer.warnings() {
         eprintln!("warning: {warning}");
     }
     let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
     let context_length = model.context_length();
+    let prompt_ids = prompt_ids(&args, &tokenizer)?;
+    if prompt_ids.len() >= context_length {
+        bail!(
+            "the prompt has {} tokens; the context is {context_length}",
+            prompt_ids.len(),
+        );
+    }
+    let max_tokens = args.max_tokens.min(context_length - prompt_ids.len());
+    let len = prompt_ids.len() + max_tokens;
+    let dtype = args.kv_cache_dtype.into();
+    let kv_bytes = model
+        .kv_shape()
+        .bytes_per_block(BLOCK_SIZE, model.kv_elem_bytes(dtype))
+        * len.div_ceil(BLOCK_SIZE);
+    let config = EngineConfig {
+        max_num_seqs: 1,
+        // The whole prompt in one step, as one prefill chunk.
+        max_num_batched_tokens: prompt_ids.len().max(1),
+        max_model_len: Some(len),
+        kv_cache_memory: KvCacheMemory::Bytes(kv_bytes as u64),
+        kv_cache_dtype: dtype,
+        block_size: BLOCK_SIZE,
+        ..EngineConfig::default()
+    };
+    let engine = tokenmill_engine::launch(&config, model)?;
+    let params = RequestParams {
+        max_tokens: Some(max_tokens),
+        eos_token_id: tokenizer.eos_token_id(),
+        stop_token_ids: if args.ignore_eos {
+            Vec::new()
+        } else {
+            tokenizer.stop_token_ids().to_vec()
+        },
+        ignore_eos: args.ignore_eos,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        ..RequestParams::default()
+    };
+    let num_prompt = prompt_ids.len();
+    let t0 = Instant::now();
+    let mut stream = engine.handle.submit(prompt_ids, params);
+    let mut decoder = tokenizer.decoder();
+    let mut out = std::io::stdout().lock();
+    let (mut generated, mut first) = (0usize, None);
+    while let Some(event) = stream.blocking_next() {
+        let t = match event {
+            StreamEvent::Token(t) => t,
+            StreamEvent::Error(e) => bail!("generation failed: {e}"),
+            StreamEvent::PromptLogprobs { .. } => continue,
+        };
+        generated += 1;
+        first.get_or_insert_with(Instant::now);
+        // A stop token ends the text; it is not part of it.
+        if t.finish_reason != Some(FinishReason::Stop) {
+            write!(out, "{}", decoder.push(&tokenizer, t.token)?)?;
+            out.flush()?;
+        }
+    }
+    writeln!(out, "{}", decoder.flush(&tokenizer)?)?;
+    out.flush()?;
+    let end = Instant::now();
+    let first = first.unwrap_or(end);
+    let (prefill, decode) = (first - t0, end - first);
+    // The first token comes from the prefill; decode steps made the other `generated - 1`.
+    let decode_steps = generated.saturating_sub(1);
+    eprintln!(
+        "prefill: {num_prompt} tokens in {:.1} ms ({:.1} tok/s) | decode: {decode_steps} tokens in {:.1} ms ({:.1} tok/s)",
+        prefill.as_secs_f64() * 1e3,
+        num_prompt as f64 / prefill.as_secs_f64(),
+        decode.as_secs_f64() * 1e3,
+        decode_steps as f64 / decode.as_secs_f64().max(1e-9),
+    );
+    Ok(())
+}
 
-    let prompt_ids = if args.chat {
+/// The prompt's token ids: the text as is, or as a user message in the model's chat template.
+fn prompt_ids(args: &GenerateArgs, tokenizer: &Tokenizer) -> anyhow::Result<Vec<u32>> {
+    let ids = if args.chat {
         let template = tokenizer
             .chat_template()
             .context("the model has no chat template")?;
@@ -82,81 +170,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     } else {
         tokenizer.encode(&args.prompt, true)?
     };
-    if prompt_ids.is_empty() {
+    if ids.is_empty() {
         bail!("the prompt is empty");
     }
-    if prompt_ids.len() >= context_length {
-        bail!(
-            "the prompt has {} tokens; the context is {context_length}",
-            prompt_ids.len(),
-        );
-    }
-    let max_tokens = args.max_tokens.min(context_length - prompt_ids.len());
-    let num_blocks = (prompt_ids.len() + max_tokens).div_ceil(BLOCK_SIZE);
-    let mut kv = model.kv_cache_with_dtype(num_blocks, BLOCK_SIZE, args.kv_cache_dtype.into());
-    let block_table: Vec<u32> = (0..num_blocks as u32).collect();
-    let mut ws = model.workspace(prompt_ids.len(), 1);
-    let params = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        seed: args.seed,
-        ..SamplingParams::default()
-    };
-    let mut sampler = Sampler::with_prompt(params, &prompt_ids);
-    let mut decoder = tokenizer.decoder();
-    let mut out = std::io::stdout().lock();
-
-    let t0 = Instant::now();
-    let chunk = SeqChunk {
-        tokens: &prompt_ids,
-        start_pos: 0,
-        block_table: &block_table,
-        logits: LogitsWanted::Last,
-    };
-    let mut next = sampler
-        .sample(model.forward(&[chunk], &mut kv, &mut ws)?, &[])
-        .token;
-    let prefill = t0.elapsed();
-
-    let t1 = Instant::now();
-    let mut generated = 0;
-    let mut pos = prompt_ids.len();
-    loop {
-        generated += 1;
-        if !args.ignore_eos && tokenizer.stop_token_ids().contains(&next) {
-            break;
-        }
-        write!(out, "{}", decoder.push(&tokenizer, next)?)?;
-        out.flush()?;
-        if generated == max_tokens {
-            break;
-        }
-        let tokens = [next];
-        let chunk = SeqChunk {
-            tokens: &tokens,
-            start_pos: pos,
-            block_table: &block_table,
-            logits: LogitsWanted::Last,
-        };
-        next = sampler
-            .sample(model.forward(&[chunk], &mut kv, &mut ws)?, &[])
-            .token;
-        pos += 1;
-    }
-    writeln!(out, "{}", decoder.flush(&tokenizer)?)?;
-    out.flush()?;
-    let decode = t1.elapsed();
-    // The first token comes from the prefill; decode steps made the other `generated - 1`.
-    let decode_steps = generated.saturating_sub(1);
-    eprintln!(
-        "prefill: {} tokens in {:.1} ms ({:.1} tok/s) | decode: {} tokens in {:.1} ms ({:.1} tok/s)",
-        prompt_ids.len(),
-        prefill.as_secs_f64() * 1e3,
-        prompt_ids.len() as f64 / prefill.as_secs_f64(),
-        decode_steps,
-        decode.as_secs_f64() * 1e3,
-        decode_steps as f64 / decode.as_secs_f64().max(1e-9),
-    );
-    Ok(())
+    Ok(ids)
 }

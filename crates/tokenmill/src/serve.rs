@@ -162,14 +162,9 @@ async fn load_state(
     model: PathBuf,
     config: ServerConfig,
 ) -> anyhow::Result<tokenmill_server::SharedState> {
-    let engine_args = args.engine.clone();
+    let engine_config = args.engine.config()?;
     let path = model.clone();
-    let loaded = tokio::task::spawn_blocking(move || {
-        launch::load_with_config(&path, engine_args.kv_cache_dtype.into(), |m| {
-            engine_args.scheduler_config(m)
-        })
-    })
-    .await??;
+    let loaded = tokio::task::spawn_blocking(move || launch::load(&path, &engine_config)).await??;
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }

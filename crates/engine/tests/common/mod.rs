@@ -13,8 +13,8 @@
 use std::collections::{HashMap, HashSet};
 
 use tokenmill_engine::{
-    BlockId, FinishReason, Request, RequestEvent, RequestId, RequestParams, RequestStatus,
-    Scheduler, SchedulerConfig, SchedulerOutput,
+    BlockId, FinishReason, Request, RequestId, RequestOutput, RequestParams, RequestStatus,
+    Sampled, Scheduler, SchedulerConfig, SchedulerOutput,
 };
 use tokenmill_model::LogitsWanted;
 
@@ -66,7 +66,7 @@ impl FakeRunner {
     }
 
     /// Runs one step: writes every chunk's KV, returns a token for each `sample` chunk.
-    pub fn run(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, u32)> {
+    pub fn run(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, Sampled)> {
         let mut sampled = Vec::new();
         for (c, seq) in out.chunks.iter().zip(out.seq_chunks()) {
             for (i, &tok) in seq.tokens.iter().enumerate() {
@@ -83,7 +83,12 @@ impl FakeRunner {
                 let end = seq.start_pos + seq.tokens.len();
                 let lo = self.window.map_or(0, |w| end.saturating_sub(w));
                 let tok = emit((lo..end).map(|p| self.slots[self.slot(seq.block_table, p)]));
-                sampled.push((c.req_id, tok));
+                let s = Sampled {
+                    token: tok,
+                    logprob: 0.0,
+                    top: Vec::new(),
+                };
+                sampled.push((c.req_id, s));
             }
         }
         sampled
@@ -206,7 +211,7 @@ impl Driver {
     }
 
     /// One step with all checks; returns the events.
-    pub fn step(&mut self) -> Vec<RequestEvent> {
+    pub fn step(&mut self) -> Vec<RequestOutput> {
         // Snapshot before scheduling.
         let mut was_waiting = Vec::new();
         let mut was_running = Vec::new();
@@ -230,15 +235,15 @@ impl Driver {
 
         let sampled = self.runner.run(&self.out);
         assert_eq!(sampled.len(), self.out.num_sampled());
-        let events = self.sched.update_from_output(&self.out, &sampled);
+        let events = self.sched.update_from_output(&self.out, sampled);
         self.sched.check_invariants().unwrap();
         for e in &events {
             let t = self.tracks.get_mut(&e.req_id).unwrap();
             assert!(!t.aborted, "event for aborted request {}", e.req_id);
             assert!(t.finish.is_none(), "event after finish for {}", e.req_id);
-            t.output.push(e.token);
-            t.finish = e.finish_reason;
-            t.num_cached_tokens = e.num_cached_tokens;
+            t.output.push(e.output.token);
+            t.finish = e.output.finish_reason;
+            t.num_cached_tokens = e.output.num_cached_tokens;
         }
         if self.keep_log {
             self.log.push(self.out.clone());

@@ -9,100 +9,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use crate::error::ApiError;
-use crate::json::as_i64;
 use crate::output::{Candidate, TokenLogprob};
 use crate::sse::{sse_done, sse_frame};
-use crate::state::AppState;
-
-/// Most prompts in one completions request.
-pub const MAX_PROMPTS: usize = 256;
-
-/// One prompt as the client sent it.
-#[derive(Clone, Debug, PartialEq)]
-pub enum PromptInput {
-    Text(String),
-    Ids(Vec<u32>),
-}
-
-fn prompt_error() -> ApiError {
-    ApiError::invalid_param(
-        "prompt",
-        "`prompt` must be a string, an array of strings, an array of token ids or an array \
-         of arrays of token ids",
-    )
-}
-
-fn ids(a: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
-    a.iter()
-        .map(|v| match as_i64(v) {
-            Some(id) if id >= 0 && (id as u64) < vocab as u64 => Ok(id as u32),
-            Some(id) => Err(ApiError::invalid_param(
-                "prompt",
-                format!("token id {id} is outside the vocabulary (0..{vocab})"),
-            )),
-            None => Err(prompt_error()),
-        })
-        .collect()
-}
-
-/// Parses `prompt`: a string, strings, token ids or lists of token ids.
-pub fn parse_prompts(v: Option<&Value>, vocab: usize) -> Result<Vec<PromptInput>, ApiError> {
-    let prompts = match v {
-        None => return Err(ApiError::invalid_param("prompt", "`prompt` is required")),
-        Some(Value::String(s)) => vec![PromptInput::Text(s.clone())],
-        Some(Value::Array(a)) if a.is_empty() => {
-            return Err(ApiError::invalid_param("prompt", "`prompt` is empty"));
-        }
-        Some(Value::Array(a)) => match &a[0] {
-            Value::String(_) => a
-                .iter()
-                .map(|v| match v {
-                    Value::String(s) => Ok(PromptInput::Text(s.clone())),
-                    _ => Err(prompt_error()),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            Value::Number(_) => vec![PromptInput::Ids(ids(a, vocab)?)],
-            Value::Array(_) => a
-                .iter()
-                .map(|v| match v {
-                    Value::Array(inner) => Ok(PromptInput::Ids(ids(inner, vocab)?)),
-                    _ => Err(prompt_error()),
-                })
-                .collect::<Result<Vec<_>, _>>()?,
-            _ => return Err(prompt_error()),
-        },
-        Some(_) => return Err(prompt_error()),
-    };
-    if prompts.len() > MAX_PROMPTS {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            format!("at most {MAX_PROMPTS} prompts per request"),
-        ));
-    }
-    Ok(prompts)
-}
-
-/// Token ids of each prompt (text on the tokenizer pool).
-pub async fn tokenize_prompts(
-    state: &AppState,
-    prompts: &[PromptInput],
-    add_special_tokens: bool,
-) -> Result<Vec<Vec<u32>>, ApiError> {
-    let mut out = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        out.push(match p {
-            PromptInput::Text(t) => {
-                state
-                    .pool
-                    .encode(t.clone(), add_special_tokens, "prompt")
-                    .await?
-            }
-            PromptInput::Ids(ids) => ids.clone(),
-        });
-    }
-    Ok(out)
-}
 
 /// A fresh response id: `{prefix}-{32 hex digits}`.
 pub fn response_id(prefix: &str) -> String {
@@ -227,37 +135,5 @@ impl ChunkEnvelope {
             frames.push(sse_done());
             frames
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prompt_shapes() {
-        let p = |v: Value| parse_prompts(Some(&v), 100);
-        assert_eq!(
-            p(json!("hi")).unwrap(),
-            vec![PromptInput::Text("hi".into())]
-        );
-        assert_eq!(p(json!(["a", "b"])).unwrap().len(), 2);
-        assert_eq!(
-            p(json!([1, 2])).unwrap(),
-            vec![PromptInput::Ids(vec![1, 2])]
-        );
-        assert_eq!(p(json!([[1], [2, 3]])).unwrap().len(), 2);
-        for bad in [
-            json!([]),
-            json!(5),
-            json!(["a", 1]),
-            json!([1, "a"]),
-            json!([{}]),
-        ] {
-            assert_eq!(p(bad).unwrap_err().param.as_deref(), Some("prompt"));
-        }
-        assert!(p(json!([100])).unwrap_err().message.contains("outside"));
-        assert!(p(json!([-1])).is_err());
-        assert!(parse_prompts(None, 100).is_err());
     }
 }

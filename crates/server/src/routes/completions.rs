@@ -14,17 +14,14 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::common::{
-    ChunkEnvelope, PromptInput, completion_logprobs, now_secs, parse_prompts, response_id,
-    tokenize_prompts, usage,
-};
+use super::common::{ChunkEnvelope, completion_logprobs, now_secs, response_id, usage};
 use crate::error::ApiError;
-use crate::generation::{self, GenerationRequest};
+use crate::generation;
 use crate::json::JsonBody;
 use crate::output::{StopReason, TokenLogprob, Update};
-use crate::sampling::{self, Api, resolve_max_tokens};
 use crate::sse::{drive, sse_frame, sse_response};
 use crate::state::SharedState;
+use crate::validation::{Api, PromptInput, validate};
 
 /// What `echo` prepends to one prompt's choices.
 #[derive(Clone, Debug, Default)]
@@ -38,61 +35,27 @@ pub async fn completions(
     State(state): State<SharedState>,
     JsonBody(f): JsonBody,
 ) -> Result<Response, ApiError> {
-    state.check_model(f.str("model")?)?;
-    let tok = state.pool.tokenizer().clone();
-    let s = sampling::parse(&f, Api::Completions, &tok)?;
-    let echo = f.bool_or("echo", false)?;
-    let add_special_tokens = f.bool_or("add_special_tokens", true)?;
-    let inputs = parse_prompts(f.get("prompt"), tok.vocab_size())?;
-    state
-        .admission
-        .precheck(inputs.len() * s.n, &state.metrics)?;
-    let prompts = tokenize_prompts(&state, &inputs, add_special_tokens).await?;
-    let cfg = state.engine.config();
-    let max_tokens = prompts
-        .iter()
-        .map(|p| {
-            resolve_max_tokens(
-                s.max_tokens,
-                p.len(),
-                cfg.max_model_len,
-                cfg.block_size,
-                cfg.num_blocks,
-                "prompt",
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let want_logprobs = s.params.sampling.logprobs.is_some();
-    let echoes = if echo {
-        echo_info(&state, &inputs, &prompts, want_logprobs).await?
+    let v = validate(&state, &f, Api::Completions).await?;
+    let want_logprobs = v.wants_logprobs();
+    let echoes = if v.echo {
+        echo_info(&state, &v.inputs, &v.generation.prompts, want_logprobs).await?
     } else {
         Vec::new()
     };
-    let mut params = s.params.clone();
-    params.prompt_logprobs = echo && want_logprobs;
-    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let n = s.n;
-    let running = generation::submit(
-        &state,
-        GenerationRequest {
-            prompts,
-            max_tokens,
-            n,
-            params,
-            output: s.output.clone(),
-        },
-    )?;
+    let prompt_tokens = v.prompt_tokens();
+    let n = v.generation.n;
+    let running = generation::submit(&state, v.generation)?;
     let id = response_id("cmpl");
     let model = state.model_name().to_string();
     let created = now_secs();
-    if s.stream {
+    if v.stream {
         let mut fmt = ChunkFormatter {
             env: ChunkEnvelope {
                 id,
                 object: "text_completion",
                 created,
                 model,
-                include_usage: s.include_usage,
+                include_usage: v.include_usage,
                 completion_tokens: Arc::new(AtomicUsize::new(0)),
             },
             n,

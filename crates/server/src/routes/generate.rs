@@ -7,57 +7,28 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::common::{PromptInput, parse_prompts, tokenize_prompts};
 use crate::error::ApiError;
-use crate::generation::{self, GenerationRequest};
+use crate::generation;
 use crate::json::JsonBody;
-use crate::sampling::{self, Api, resolve_max_tokens};
 use crate::sse::{drive, ndjson_line, streaming_response};
 use crate::state::SharedState;
+use crate::validation::{Api, PromptInput, validate};
 
 pub async fn generate(
     State(state): State<SharedState>,
     JsonBody(f): JsonBody,
 ) -> Result<Response, ApiError> {
-    let tok = state.pool.tokenizer().clone();
-    let s = sampling::parse(&f, Api::Generate, &tok)?;
-    let mut inputs = parse_prompts(f.get("prompt"), tok.vocab_size())?;
-    if inputs.len() != 1 {
-        return Err(ApiError::invalid_param(
-            "prompt",
-            "/generate takes a single prompt",
-        ));
-    }
-    state.admission.precheck(s.n, &state.metrics)?;
-    let add_special_tokens = f.bool_or("add_special_tokens", true)?;
-    let prompts = tokenize_prompts(&state, &inputs, add_special_tokens).await?;
-    let cfg = state.engine.config();
-    let max_tokens = resolve_max_tokens(
-        s.max_tokens,
-        prompts[0].len(),
-        cfg.max_model_len,
-        cfg.block_size,
-        cfg.num_blocks,
-        "prompt",
-    )?;
-    let prompt_text = match inputs.pop() {
+    let mut v = validate(&state, &f, Api::Generate).await?;
+    let prompt_text = match v.inputs.pop() {
         Some(PromptInput::Text(t)) => t,
         _ => {
-            let ids = prompts[0].clone();
+            let ids = v.generation.prompts[0].clone();
             state.pool.decode(ids, false, "prompt").await?
         }
     };
-    let running = generation::submit(
-        &state,
-        GenerationRequest {
-            prompts,
-            max_tokens: vec![max_tokens],
-            n: s.n,
-            params: s.params.clone(),
-            output: s.output.clone(),
-        },
-    )?;
-    if s.stream {
+    let stream = v.stream;
+    let running = generation::submit(&state, v.generation)?;
+    if stream {
         let mut texts = vec![prompt_text; running.len()];
         let body = drive(
             running.into_stream(),

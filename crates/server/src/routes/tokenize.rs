@@ -9,10 +9,10 @@ use axum::Json;
 use axum::extract::State;
 use serde_json::{Value, json};
 
-use super::chat::render_prompt;
 use crate::error::ApiError;
 use crate::json::{JsonBody, as_i64};
 use crate::state::SharedState;
+use crate::validation::render_prompt;
 
 pub async fn tokenize(
     State(state): State<SharedState>,

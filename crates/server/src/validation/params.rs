@@ -1,4 +1,5 @@
-//! Sampling fields shared by `/v1/completions`, `/v1/chat/completions` and `/generate`:
+//! The request-parameter fields shared by `/v1/completions`, `/v1/chat/completions` and
+//! `/generate` (sampling, limits, stops, streaming):
 //! parsed from the request body, range-checked (errors name the field), and turned into the
 //! engine's [`RequestParams`] plus the edge's [`OutputOptions`].
 //!

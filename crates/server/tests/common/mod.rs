@@ -1,27 +1,26 @@
-//! Shared helpers of the server's end-to-end tests: an in-process server on an ephemeral
-//! port over the real default model, SSE parsing and `/metrics` scraping.
+//! Shared helpers of the server's end-to-end tests: their engine and server settings, the
+//! in-process test server (`tokenmill_testutil::server`), SSE parsing and `/metrics` scraping.
 
 #![allow(dead_code)]
 
-use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use tokenmill_engine::KvCacheMemory;
-use tokenmill_server::{AppState, EngineOptions, ServerConfig, SharedState, TokenizerPool};
-use tokio::sync::oneshot;
+use tokenmill_engine::{EngineConfig, KvCacheMemory};
+use tokenmill_server::ServerConfig;
+#[allow(unused_imports)]
+pub use tokenmill_testutil::server::{TestServer, load_default_model};
 
 pub const MODEL: &str = "smollm2-test";
 
 /// Small engine settings for tests: 128 MiB of KV (182 blocks), 1024-token context.
-pub fn engine_options() -> EngineOptions {
-    EngineOptions {
+pub fn engine_options() -> EngineConfig {
+    EngineConfig {
         max_num_seqs: 16,
         max_num_batched_tokens: 512,
         max_model_len: Some(1024),
         kv_cache_memory: KvCacheMemory::Bytes(128 << 20),
-        ..EngineOptions::new(tokenmill_testutil::model_path())
+        ..EngineConfig::default()
     }
 }
 
@@ -31,76 +30,6 @@ pub fn server_config() -> ServerConfig {
         model_path: tokenmill_testutil::model_path().display().to_string(),
         max_body_bytes: 1 << 20,
         ..ServerConfig::default()
-    }
-}
-
-/// A server running on its own runtime thread.
-pub struct TestServer {
-    pub base: String,
-    pub state: SharedState,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl TestServer {
-    pub fn start(opts: EngineOptions, config: ServerConfig) -> TestServer {
-        let loaded = tokenmill_server::load(&opts).expect("loading the model");
-        let pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
-        TestServer::start_with(AppState::new(config, loaded.engine, pool))
-    }
-
-    pub fn start_with(state: AppState) -> TestServer {
-        let state = Arc::new(state);
-        let (tx, rx) = oneshot::channel::<()>();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-        let st = state.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                tokenmill_server::serve(listener, st, async {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-            });
-        });
-        let addr = addr_rx.recv().unwrap();
-        TestServer {
-            base: format!("http://{addr}"),
-            state,
-            shutdown: Some(tx),
-            thread: Some(thread),
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Signals shutdown (drain) and waits for the server to return.
-    pub fn stop(mut self) {
-        self.stop_inner();
-    }
-
-    fn stop_inner(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop_inner();
     }
 }
 

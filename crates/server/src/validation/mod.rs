@@ -1,0 +1,150 @@
+//! Validation at the edge (TGI's `validation.rs`): one [`validate`] that every generation
+//! route calls, so each request goes through the same steps in the same order, and the routes
+//! only format what comes out.
+//!
+//! 1. the `model` names a served model (404 otherwise);
+//! 2. the sampling fields ([`params`]: ranges as vLLM checks them, 400 naming the field);
+//! 3. the prompt ([`prompt`]): completions' `prompt` shapes and token ids, or chat's
+//!    `messages` and template flags — all before any tokenizer work;
+//! 4. admission's precheck (429 when the queue is full, before the expensive part);
+//! 5. tokenization (chat: rendering, then tokenizing) on the tokenizer pool;
+//! 6. each prompt's output limit against the context and the whole KV cache.
+//!
+//! The engine receives token ids and [`tokenmill_engine::RequestParams`] only.
+
+pub mod params;
+pub mod prompt;
+
+use serde_json::Value;
+
+pub use params::{Api, MAX_N, MAX_STOP, MAX_STOP_BYTES, Sampling, resolve_max_tokens};
+pub use prompt::{ChatPrompt, MAX_PROMPTS, PromptInput, parse_messages, render_prompt};
+
+use crate::error::ApiError;
+use crate::generation::GenerationRequest;
+use crate::json::Fields;
+use crate::state::AppState;
+
+/// A generation request every check has passed.
+pub struct ValidRequest {
+    /// Token ids, output limits, `n`, engine parameters and output options: what
+    /// [`crate::generation::submit`] takes.
+    pub generation: GenerationRequest,
+    /// The prompts as the client sent them (completions and `/generate`; empty for chat).
+    pub inputs: Vec<PromptInput>,
+    /// Completions' `echo`: prepend the prompt (and, with logprobs, its logprobs).
+    pub echo: bool,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+impl ValidRequest {
+    /// Prompt tokens over all prompts.
+    pub fn prompt_tokens(&self) -> usize {
+        self.generation.prompts.iter().map(Vec::len).sum()
+    }
+
+    /// Whether the client asked for logprobs.
+    pub fn wants_logprobs(&self) -> bool {
+        self.generation.params.sampling.logprobs.is_some()
+    }
+}
+
+/// Where the prompt comes from, once parsed.
+enum Source {
+    Prompts(Vec<PromptInput>),
+    Chat(ChatPrompt),
+}
+
+/// Runs every check on the body `f` of an `api` request (see the module docs for the order).
+pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidRequest, ApiError> {
+    state.check_model(f.str("model")?)?;
+    let tok = state.pool.tokenizer().clone();
+    let Sampling {
+        n,
+        max_tokens,
+        mut params,
+        output,
+        stream,
+        include_usage,
+    } = params::parse(f, api, &tok)?;
+    let source = match api {
+        Api::Chat => {
+            check_response_format(f)?;
+            Source::Chat(ChatPrompt::parse(f)?)
+        }
+        Api::Completions | Api::Generate => {
+            let inputs = prompt::parse_prompts(f.get("prompt"), tok.vocab_size())?;
+            if api == Api::Generate && inputs.len() != 1 {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    "/generate takes a single prompt",
+                ));
+            }
+            Source::Prompts(inputs)
+        }
+    };
+    let echo = api == Api::Completions && f.bool_or("echo", false)?;
+    params.prompt_logprobs = echo && params.sampling.logprobs.is_some();
+    let add_special_tokens = f.bool_or("add_special_tokens", api != Api::Chat)?;
+    let num_prompts = match &source {
+        Source::Prompts(inputs) => inputs.len(),
+        Source::Chat(_) => 1,
+    };
+    state.admission.precheck(num_prompts * n, &state.metrics)?;
+    let (inputs, prompts, prompt_param) = match source {
+        Source::Prompts(inputs) => {
+            let prompts = prompt::tokenize_prompts(state, &inputs, add_special_tokens).await?;
+            (inputs, prompts, "prompt")
+        }
+        Source::Chat(chat) => {
+            let text = chat.render(state).await?;
+            let ids = state
+                .pool
+                .encode(text, add_special_tokens, "messages")
+                .await?;
+            (Vec::new(), vec![ids], "messages")
+        }
+    };
+    let cfg = state.engine.config();
+    let limits = prompts
+        .iter()
+        .map(|p| {
+            let (len, ctx) = (p.len(), cfg.max_model_len);
+            resolve_max_tokens(
+                max_tokens,
+                len,
+                ctx,
+                cfg.block_size,
+                cfg.num_blocks,
+                prompt_param,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ValidRequest {
+        generation: GenerationRequest {
+            prompts,
+            max_tokens: limits,
+            n,
+            params,
+            output,
+        },
+        inputs,
+        echo,
+        stream,
+        include_usage,
+    })
+}
+
+/// Chat's `response_format`: only plain text is supported.
+fn check_response_format(f: &Fields) -> Result<(), ApiError> {
+    match f.get("response_format") {
+        Some(rf) if rf.get("type").and_then(Value::as_str) != Some("text") => {
+            Err(ApiError::invalid_param(
+                "response_format",
+                "only response_format {\"type\": \"text\"} is supported",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
