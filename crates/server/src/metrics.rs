@@ -188,70 +188,11 @@ impl Metrics {
     /// The whole exposition: engine gauges from `stats`, then request metrics.
     pub fn render(&self, stats: &EngineStats, block_size: usize, waiting_extra: usize) -> String {
         let l = &self.label;
-        let s = &stats.scheduler;
         let mut out = String::with_capacity(16 << 10);
-        let mut gauge = |name: &str, help: &str, v: f64| {
+        for (name, help, v) in gauges(stats, waiting_extra) {
             header(&mut out, name, help, "gauge");
             let _ = writeln!(out, "{name}{{{l}}} {v:?}");
-        };
-        gauge(
-            "vllm:num_requests_running",
-            "Number of requests in model execution batches.",
-            s.num_running as f64,
-        );
-        gauge(
-            "vllm:num_requests_waiting",
-            "Number of requests waiting to be processed.",
-            (s.num_waiting + waiting_extra) as f64,
-        );
-        gauge(
-            "vllm:kv_cache_usage_perc",
-            "KV-cache usage. 1 means 100 percent usage.",
-            s.kv_usage,
-        );
-        let step = &s.step_time;
-        let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
-        gauge(
-            "tokenmill_step_time_predicted_seconds",
-            "Step time the scheduler's cost model predicted for the last step.",
-            secs(step.last_predicted),
-        );
-        gauge(
-            "tokenmill_step_time_measured_seconds",
-            "Measured duration of the last engine step.",
-            secs(step.last_measured),
-        );
-        gauge(
-            "tokenmill_step_time_tail_ratio",
-            "Tracked 95th percentile of measured / predicted step time; SLA planning scales predictions by it.",
-            step.tail_ratio,
-        );
-        gauge(
-            "tokenmill_step_time_mean_abs_error_seconds",
-            "Mean absolute error of the step-time model over all steps.",
-            step.mean_abs_error_ms / 1e3,
-        );
-        gauge(
-            "tokenmill_batch_size",
-            "Sequences in the last engine step.",
-            stats.last_batch_seqs as f64,
-        );
-        gauge(
-            "tokenmill_batch_tokens",
-            "Tokens in the last engine step.",
-            stats.last_batch_tokens as f64,
-        );
-        gauge(
-            "tokenmill_kv_cache_bytes_per_token",
-            "KV-cache bytes one token takes over all layers (latent-only for MLA models).",
-            stats.kv_bytes_per_token as f64,
-        );
-        gauge(
-            "tokenmill_kv_cache_free_blocks",
-            "Free KV-cache blocks.",
-            s.num_free_blocks as f64,
-        );
-
+        }
         header(
             &mut out,
             "vllm:cache_config_info",
@@ -261,47 +202,85 @@ impl Metrics {
         let _ = writeln!(
             out,
             "vllm:cache_config_info{{block_size=\"{block_size}\",num_gpu_blocks=\"{}\",{l}}} 1.0",
-            s.num_blocks
+            stats.scheduler.num_blocks
         );
-
-        let mut counter = |name: &str, help: &str, v: u64| {
+        for (name, help, v) in self.counters(stats) {
             header(&mut out, name, help, "counter");
             let _ = writeln!(out, "{name}{{{l}}} {v}.0");
-        };
-        let pc = &s.prefix_cache;
-        counter(
-            "vllm:prefix_cache_queries_total",
-            "Prefix cache queries, in terms of number of queried tokens.",
-            pc.query_tokens,
-        );
-        counter(
-            "vllm:prefix_cache_hits_total",
-            "Prefix cache hits, in terms of number of cached tokens.",
-            pc.hit_tokens,
-        );
-        counter(
-            "vllm:num_preemptions_total",
-            "Cumulative number of preemptions from the engine.",
-            s.num_preemptions,
-        );
-        counter(
-            "vllm:prompt_tokens_total",
-            "Number of prefill tokens processed.",
-            self.prompt_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            "vllm:generation_tokens_total",
-            "Number of generation tokens processed.",
-            self.generation_tokens.load(Ordering::Relaxed),
-        );
-        counter(
-            "tokenmill_engine_steps_total",
-            "Engine steps run.",
-            stats.steps,
-        );
+        }
+        self.render_by_reason(&mut out);
+        let histograms = [
+            (
+                &self.ttft,
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+            ),
+            (
+                &self.itl,
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+            ),
+            (
+                &self.e2e,
+                "vllm:e2e_request_latency_seconds",
+                "Histogram of e2e request latency in seconds.",
+            ),
+            (
+                &self.queue,
+                "vllm:request_queue_time_seconds",
+                "Histogram of time spent in WAITING phase for request.",
+            ),
+        ];
+        for (h, name, help) in histograms {
+            h.render(&mut out, name, help, l);
+        }
+        render_process_memory(&mut out, &read_proc_status());
+        out
+    }
 
+    /// The counters without labels: (name, help, value).
+    fn counters(&self, stats: &EngineStats) -> [(&'static str, &'static str, u64); 6] {
+        let s = &stats.scheduler;
+        let pc = &s.prefix_cache;
+        [
+            (
+                "vllm:prefix_cache_queries_total",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                pc.query_tokens,
+            ),
+            (
+                "vllm:prefix_cache_hits_total",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                pc.hit_tokens,
+            ),
+            (
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemptions from the engine.",
+                s.num_preemptions,
+            ),
+            (
+                "vllm:prompt_tokens_total",
+                "Number of prefill tokens processed.",
+                self.prompt_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+                self.generation_tokens.load(Ordering::Relaxed),
+            ),
+            (
+                "tokenmill_engine_steps_total",
+                "Engine steps run.",
+                stats.steps,
+            ),
+        ]
+    }
+
+    /// The counters with a reason label: finished requests and rejected ones.
+    fn render_by_reason(&self, out: &mut String) {
+        let l = &self.label;
         header(
-            &mut out,
+            out,
             "vllm:request_success_total",
             "Count of successfully processed requests.",
             "counter",
@@ -314,7 +293,7 @@ impl Metrics {
             );
         }
         header(
-            &mut out,
+            out,
             "tokenmill_rejected_requests_total",
             "Requests turned away before reaching the engine, by reason.",
             "counter",
@@ -327,34 +306,71 @@ impl Metrics {
                 r.label()
             );
         }
-
-        self.ttft.render(
-            &mut out,
-            "vllm:time_to_first_token_seconds",
-            "Histogram of time to first token in seconds.",
-            l,
-        );
-        self.itl.render(
-            &mut out,
-            "vllm:inter_token_latency_seconds",
-            "Histogram of inter-token latency in seconds.",
-            l,
-        );
-        self.e2e.render(
-            &mut out,
-            "vllm:e2e_request_latency_seconds",
-            "Histogram of e2e request latency in seconds.",
-            l,
-        );
-        self.queue.render(
-            &mut out,
-            "vllm:request_queue_time_seconds",
-            "Histogram of time spent in WAITING phase for request.",
-            l,
-        );
-        render_process_memory(&mut out, &read_proc_status());
-        out
     }
+}
+
+/// The gauges without extra labels: (name, help, value).
+fn gauges(stats: &EngineStats, waiting_extra: usize) -> [(&'static str, &'static str, f64); 11] {
+    let s = &stats.scheduler;
+    let step = &s.step_time;
+    let secs = |d: Option<Duration>| d.map_or(0.0, |d| d.as_secs_f64());
+    [
+        (
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            s.num_running as f64,
+        ),
+        (
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            (s.num_waiting + waiting_extra) as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV-cache usage. 1 means 100 percent usage.",
+            s.kv_usage,
+        ),
+        (
+            "tokenmill_step_time_predicted_seconds",
+            "Step time the scheduler's cost model predicted for the last step.",
+            secs(step.last_predicted),
+        ),
+        (
+            "tokenmill_step_time_measured_seconds",
+            "Measured duration of the last engine step.",
+            secs(step.last_measured),
+        ),
+        (
+            "tokenmill_step_time_tail_ratio",
+            "Tracked 95th percentile of measured / predicted step time; SLA planning scales predictions by it.",
+            step.tail_ratio,
+        ),
+        (
+            "tokenmill_step_time_mean_abs_error_seconds",
+            "Mean absolute error of the step-time model over all steps.",
+            step.mean_abs_error_ms / 1e3,
+        ),
+        (
+            "tokenmill_batch_size",
+            "Sequences in the last engine step.",
+            stats.last_batch_seqs as f64,
+        ),
+        (
+            "tokenmill_batch_tokens",
+            "Tokens in the last engine step.",
+            stats.last_batch_tokens as f64,
+        ),
+        (
+            "tokenmill_kv_cache_bytes_per_token",
+            "KV-cache bytes one token takes over all layers (latent-only for MLA models).",
+            stats.kv_bytes_per_token as f64,
+        ),
+        (
+            "tokenmill_kv_cache_free_blocks",
+            "Free KV-cache blocks.",
+            s.num_free_blocks as f64,
+        ),
+    ]
 }
 
 /// `/proc/self/status` (empty where there is none).

@@ -17,6 +17,7 @@
 //! duplicate tokens, per-token array lengths, finite scores, merges (shape and membership),
 //! special token ids. A bad file is a [`TokenizerError`], never a panic.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use tokenizers::decoders::DecoderWrapper;
@@ -79,11 +80,54 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
         n,
     )?;
     let mut warnings = Vec::new();
+    let keys = vocab_keys(v)?;
+    let index = key_index(&keys)?;
+    let ids = SpecialIds::resolve(v, kind, n)?;
+    let types = TokenTypes {
+        types: v
+            .token_types
+            .clone()
+            .unwrap_or_else(|| vec![token_type::NORMAL; n]),
+        eog_forced: EOG_TEXTS
+            .iter()
+            .filter_map(|t| index.get(t).copied())
+            .collect(),
+    };
+    let model = match kind {
+        Kind::Gpt2 => gpt2_model(v, &keys, &index, &mut warnings)?,
+        Kind::Llama => llama_model(v, &keys, &index, &ids)?,
+    };
+    let ModelParts {
+        mut inner,
+        style,
+        strip,
+        add_bos_default,
+    } = model;
+    add_vocab_tokens(&mut inner, v, &types, &index)?;
+    let vocab_size = inner.get_vocab_size(true);
+    if vocab_size != n {
+        return Err(TokenizerError::BadVocab(format!(
+            "built {vocab_size} tokens from a vocabulary of {n}"
+        )));
+    }
+    let mut pieces = piece_table(v, kind, style, strip, &types);
+    let specials = special_tokens(v, &ids, &types, add_bos_default, &mut pieces)?;
+    let chat_template = chat_template(v, &ids, &mut warnings);
+    Ok(Tokenizer {
+        inner,
+        decoding: Decoding::Pieces(pieces),
+        vocab_size: n,
+        specials,
+        hf_post_processor: false,
+        chat_template,
+        warnings,
+    })
+}
 
-    // Vocabulary keys: the tokens as stored; an empty token gets a placeholder key (as in
-    // llama.cpp) so that it stays addressable and decodes to nothing.
-    let keys: Vec<std::borrow::Cow<'_, str>> = v
-        .tokens
+/// Vocabulary keys: the tokens as stored; an empty token gets a placeholder key (as in
+/// llama.cpp) so that it stays addressable and decodes to nothing.
+fn vocab_keys(v: &GgufVocab) -> Result<Vec<Cow<'_, str>>, TokenizerError> {
+    v.tokens
         .iter()
         .enumerate()
         .map(|(i, t)| {
@@ -99,8 +143,12 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
                 t.as_str().into()
             })
         })
-        .collect::<Result<_, _>>()?;
-    let mut index: HashMap<&str, u32> = HashMap::with_capacity(n);
+        .collect()
+}
+
+/// Key → id; a key that appears twice is an error.
+fn key_index<'k>(keys: &'k [Cow<'_, str>]) -> Result<HashMap<&'k str, u32>, TokenizerError> {
+    let mut index: HashMap<&str, u32> = HashMap::with_capacity(keys.len());
     for (i, k) in keys.iter().enumerate() {
         if let Some(prev) = index.insert(k, i as u32) {
             return Err(TokenizerError::BadVocab(format!(
@@ -108,90 +156,123 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
             )));
         }
     }
-    let types: Vec<i32> = match &v.token_types {
-        Some(t) => t.clone(),
-        None => vec![token_type::NORMAL; n],
-    };
+    Ok(index)
+}
 
-    let ids = SpecialIds::resolve(v, kind, n)?;
-    let eog_forced: Vec<u32> = EOG_TEXTS
-        .iter()
-        .filter_map(|t| index.get(t).copied())
-        .collect();
-    let is_special = |i: usize| {
-        matches!(types[i], token_type::CONTROL | token_type::UNKNOWN)
-            || eog_forced.contains(&(i as u32))
-    };
+/// Token types, and which tokens are special (control, unknown, or an end-of-generation text).
+struct TokenTypes {
+    types: Vec<i32>,
+    eog_forced: Vec<u32>,
+}
 
-    let vocab: Vocab = keys
-        .iter()
+impl TokenTypes {
+    fn is_special(&self, i: usize) -> bool {
+        matches!(self.types[i], token_type::CONTROL | token_type::UNKNOWN)
+            || self.eog_forced.contains(&(i as u32))
+    }
+}
+
+/// The HF model of one vocabulary kind, with how its pieces decode.
+struct ModelParts {
+    inner: HfTokenizer,
+    style: PieceStyle,
+    /// Leading spaces the decoder strips from a text's first piece.
+    strip: usize,
+    add_bos_default: bool,
+}
+
+fn vocab_of(keys: &[Cow<'_, str>]) -> Vocab {
+    keys.iter()
         .enumerate()
         .map(|(i, k)| (k.to_string(), i as u32))
-        .collect();
-    let (mut inner, style, strip, add_bos_default) = match kind {
-        Kind::Gpt2 => {
-            let pre = PreTokenizerKind::from_gguf_name(v.pre.as_deref())?;
-            if v.pre.is_none() {
-                warnings.push(
-                    "tokenizer.ggml.pre is missing: using llama.cpp's `default` pre-tokenizer; \
-                     tokenization may differ from the model's training"
-                        .to_owned(),
-                );
-            }
-            let merges = parse_merges(v.merges.as_deref(), &index)?;
-            let bpe = BPE::builder()
-                .vocab_and_merges(vocab, merges)
-                .ignore_merges(pre.ignore_merges())
-                .build()?;
-            let mut t = HfTokenizer::new(bpe);
-            t.with_pre_tokenizer(Some(pre.build()?));
-            t.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
-            (t, PieceStyle::ByteLevel, 0, pre.default_add_bos())
-        }
-        Kind::Llama => {
-            let scores = v
-                .scores
-                .as_deref()
-                .ok_or(TokenizerError::MissingMetadata("tokenizer.ggml.scores"))?;
-            if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
-                return Err(TokenizerError::BadVocab(format!(
-                    "token {i} has a non-finite score"
-                )));
-            }
-            let merges = spm_merges(&keys, scores, &index);
-            let mut builder = BPE::builder()
-                .vocab_and_merges(vocab, merges)
-                .byte_fallback(true)
-                .fuse_unk(true);
-            if let Some(unk) = ids.unk {
-                builder = builder.unk_token(keys[unk as usize].to_string());
-            }
-            let add_space_prefix = v.add_space_prefix.unwrap_or(true);
-            let mut t = HfTokenizer::new(builder.build()?);
-            t.with_normalizer(Some(spm_normalizer(add_space_prefix)?));
-            t.with_decoder(Some(spm_decoder(add_space_prefix)?));
-            let strip = usize::from(add_space_prefix);
-            (
-                t,
-                PieceStyle::SentencePiece {
-                    byte_fallback: true,
-                },
-                strip,
-                true,
-            )
-        }
-    };
+        .collect()
+}
 
-    // Added tokens: matched whole in text, at their own ids.
+/// `gpt2`: byte-level BPE over the file's merges with the named pre-tokenizer.
+fn gpt2_model(
+    v: &GgufVocab,
+    keys: &[Cow<'_, str>],
+    index: &HashMap<&str, u32>,
+    warnings: &mut Vec<String>,
+) -> Result<ModelParts, TokenizerError> {
+    let pre = PreTokenizerKind::from_gguf_name(v.pre.as_deref())?;
+    if v.pre.is_none() {
+        warnings.push(
+            "tokenizer.ggml.pre is missing: using llama.cpp's `default` pre-tokenizer; \
+             tokenization may differ from the model's training"
+                .to_owned(),
+        );
+    }
+    let merges = parse_merges(v.merges.as_deref(), index)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab_of(keys), merges)
+        .ignore_merges(pre.ignore_merges())
+        .build()?;
+    let mut inner = HfTokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre.build()?));
+    inner.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())));
+    Ok(ModelParts {
+        inner,
+        style: PieceStyle::ByteLevel,
+        strip: 0,
+        add_bos_default: pre.default_add_bos(),
+    })
+}
+
+/// `llama`: SentencePiece BPE with byte fallback, merges from the scores.
+fn llama_model(
+    v: &GgufVocab,
+    keys: &[Cow<'_, str>],
+    index: &HashMap<&str, u32>,
+    ids: &SpecialIds,
+) -> Result<ModelParts, TokenizerError> {
+    let scores = v
+        .scores
+        .as_deref()
+        .ok_or(TokenizerError::MissingMetadata("tokenizer.ggml.scores"))?;
+    if let Some(i) = scores.iter().position(|s| !s.is_finite()) {
+        return Err(TokenizerError::BadVocab(format!(
+            "token {i} has a non-finite score"
+        )));
+    }
+    let merges = spm_merges(keys, scores, index);
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab_of(keys), merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = ids.unk {
+        builder = builder.unk_token(keys[unk as usize].to_string());
+    }
+    let add_space_prefix = v.add_space_prefix.unwrap_or(true);
+    let mut inner = HfTokenizer::new(builder.build()?);
+    inner.with_normalizer(Some(spm_normalizer(add_space_prefix)?));
+    inner.with_decoder(Some(spm_decoder(add_space_prefix)?));
+    Ok(ModelParts {
+        inner,
+        style: PieceStyle::SentencePiece {
+            byte_fallback: true,
+        },
+        strip: usize::from(add_space_prefix),
+        add_bos_default: true,
+    })
+}
+
+/// Added tokens, matched whole in text at their own ids: special ones and user-defined ones.
+fn add_vocab_tokens(
+    inner: &mut HfTokenizer,
+    v: &GgufVocab,
+    types: &TokenTypes,
+    index: &HashMap<&str, u32>,
+) -> Result<(), TokenizerError> {
     let mut special_tokens = Vec::new();
     let mut user_tokens = Vec::new();
     for (i, t) in v.tokens.iter().enumerate() {
         if t.is_empty() {
             continue;
         }
-        if is_special(i) {
+        if types.is_special(i) {
             special_tokens.push(AddedToken::from(t.as_str(), true).normalized(false));
-        } else if types[i] == token_type::USER_DEFINED {
+        } else if types.types[i] == token_type::USER_DEFINED {
             user_tokens.push(AddedToken::from(t.as_str(), false).normalized(false));
         }
     }
@@ -206,22 +287,25 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
             )));
         }
     }
-    let vocab_size = inner.get_vocab_size(true);
-    if vocab_size != n {
-        return Err(TokenizerError::BadVocab(format!(
-            "built {vocab_size} tokens from a vocabulary of {n}"
-        )));
-    }
+    Ok(())
+}
 
-    // Bytes of every token. Control/unknown/user-defined tokens are raw text (llama.cpp's
-    // `token_to_piece`), byte tokens are their byte, normal tokens follow the style.
+/// Bytes of every token. Control/unknown/user-defined tokens are raw text (llama.cpp's
+/// `token_to_piece`), byte tokens are their byte, normal tokens follow the style.
+fn piece_table(
+    v: &GgufVocab,
+    kind: Kind,
+    style: PieceStyle,
+    strip: usize,
+    types: &TokenTypes,
+) -> PieceTable {
     let mut pieces = PieceTable::new(strip);
     for (i, t) in v.tokens.iter().enumerate() {
-        let ty = types[i];
+        let ty = types.types[i];
         let bytes = if matches!(
             ty,
             token_type::CONTROL | token_type::UNKNOWN | token_type::USER_DEFINED
-        ) || is_special(i)
+        ) || types.is_special(i)
         {
             match (kind, ty) {
                 (Kind::Llama, token_type::USER_DEFINED) => t.replace('\u{2581}', " ").into_bytes(),
@@ -235,9 +319,20 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
         } else {
             piece_bytes(style, t)
         };
-        pieces.set(i as u32, bytes, is_special(i));
+        pieces.set(i as u32, bytes, types.is_special(i));
     }
+    pieces
+}
 
+/// BOS/EOS use and the stop tokens; designated tokens the file marks as non-normal are
+/// hidden on decode.
+fn special_tokens(
+    v: &GgufVocab,
+    ids: &SpecialIds,
+    types: &TokenTypes,
+    add_bos_default: bool,
+    pieces: &mut PieceTable,
+) -> Result<SpecialTokens, TokenizerError> {
     let add_bos = v.add_bos.unwrap_or(add_bos_default);
     let add_eos = v.add_eos.unwrap_or(false);
     if add_bos && ids.bos.is_none() {
@@ -254,7 +349,7 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
     for id in [ids.eos, ids.eot, ids.eom]
         .into_iter()
         .flatten()
-        .chain(eog_forced.iter().copied())
+        .chain(types.eog_forced.iter().copied())
     {
         if !stop.contains(&id) {
             stop.push(id);
@@ -264,39 +359,34 @@ pub(crate) fn from_gguf_vocab(v: &GgufVocab) -> Result<Tokenizer, TokenizerError
         .into_iter()
         .flatten()
     {
-        // Designated tokens that the file also marks as non-normal are hidden on decode.
-        if types[id as usize] != token_type::NORMAL {
+        if types.types[id as usize] != token_type::NORMAL {
             pieces.mark_special(id);
         }
     }
-
-    let text_of = |id: Option<u32>| id.map(|id| v.tokens[id as usize].clone());
-    let chat_template = match &v.chat_template {
-        Some(src) => match ChatTemplate::new(src, text_of(ids.bos), text_of(ids.eos)) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                warnings.push(format!("chat template unusable: {e}"));
-                None
-            }
-        },
-        None => None,
-    };
-
-    Ok(Tokenizer {
-        inner,
-        decoding: Decoding::Pieces(pieces),
-        vocab_size: n,
-        specials: SpecialTokens {
-            bos: ids.bos,
-            eos: ids.eos,
-            add_bos,
-            add_eos,
-            stop,
-        },
-        hf_post_processor: false,
-        chat_template,
-        warnings,
+    Ok(SpecialTokens {
+        bos: ids.bos,
+        eos: ids.eos,
+        add_bos,
+        add_eos,
+        stop,
     })
+}
+
+/// The file's chat template; an unusable one is a warning, not an error.
+fn chat_template(
+    v: &GgufVocab,
+    ids: &SpecialIds,
+    warnings: &mut Vec<String>,
+) -> Option<ChatTemplate> {
+    let text_of = |id: Option<u32>| id.map(|id| v.tokens[id as usize].clone());
+    let src = v.chat_template.as_ref()?;
+    match ChatTemplate::new(src, text_of(ids.bos), text_of(ids.eos)) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            warnings.push(format!("chat template unusable: {e}"));
+            None
+        }
+    }
 }
 
 /// The special token ids of a vocabulary of `n` tokens, all checked to be in range.

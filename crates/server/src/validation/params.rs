@@ -73,9 +73,45 @@ fn token_id(v: &Value, vocab: usize, param: &str) -> Result<u32, ApiError> {
     }
 }
 
-/// Parses the sampling fields of `f` for `api`.
+/// Parses the request-parameter fields of `f` for `api`.
 pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError> {
-    let vocab = tok.vocab_size();
+    let (n, max_tokens, min_tokens) = parse_limits(f, api)?;
+    let sampling = parse_sampling(f, api, tok.vocab_size())?;
+    let stops = parse_stops(f, tok)?;
+    let priority = f
+        .i64_in("priority", i32::MIN as i64, i32::MAX as i64)?
+        .unwrap_or(0) as i32;
+    let (stream, include_usage) = parse_streaming(f)?;
+    let output = OutputOptions {
+        stop: stops.strings,
+        include_stop_str_in_output: f.bool_or("include_stop_str_in_output", false)?,
+        skip_special_tokens: f.bool_or("skip_special_tokens", true)?,
+        stop_token_ids: stops.user_ids,
+        logprobs: sampling.logprobs.is_some(),
+    };
+    let params = RequestParams {
+        max_tokens,
+        min_tokens,
+        stop_token_ids: stops.engine_ids,
+        eos_token_id: tok.eos_token_id(),
+        ignore_eos: stops.ignore_eos,
+        priority,
+        prompt_logprobs: false,
+        sampling,
+    };
+    Ok(Sampling {
+        n,
+        max_tokens,
+        params,
+        output,
+        stream,
+        include_usage,
+    })
+}
+
+/// `n` (with `best_of` and `suffix` refused), `max_tokens` (chat: `max_completion_tokens`
+/// first) and `min_tokens ≤ max_tokens`.
+fn parse_limits(f: &Fields, api: Api) -> Result<(usize, Option<usize>, usize), ApiError> {
     let n = f.i64_in("n", 1, MAX_N)?.unwrap_or(1) as usize;
     if let Some(best_of) = f.i64("best_of")?
         && best_of != n as i64
@@ -88,7 +124,6 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
     if f.has("suffix") {
         return Err(invalid("suffix", "suffix is not supported"));
     }
-
     let max_tokens = match api {
         Api::Chat => f
             .i64("max_completion_tokens")?
@@ -117,7 +152,12 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
             format!("min_tokens ({min_tokens}) must not exceed max_tokens ({m})"),
         ));
     }
+    Ok((n, max_tokens, min_tokens))
+}
 
+/// The sampler's fields: temperature, nucleus / top-k / min-p, penalties, seed, logit bias
+/// and logprobs (completions: an integer; chat: a boolean with `top_logprobs`).
+fn parse_sampling(f: &Fields, api: Api, vocab: usize) -> Result<SamplingParams, ApiError> {
     let temperature = f.f64("temperature")?.unwrap_or(1.0);
     if temperature < 0.0 {
         return Err(invalid("temperature", "`temperature` must be non-negative"));
@@ -139,9 +179,6 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
             ));
         }
     };
-    let min_p = f.f64_in("min_p", 0.0, 0.0, 1.0)?;
-    let presence_penalty = f.f64_in("presence_penalty", 0.0, -2.0, 2.0)?;
-    let frequency_penalty = f.f64_in("frequency_penalty", 0.0, -2.0, 2.0)?;
     let repetition_penalty = f.f64("repetition_penalty")?.unwrap_or(1.0);
     if repetition_penalty <= 0.0 {
         return Err(invalid(
@@ -149,10 +186,22 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
             "`repetition_penalty` must be positive",
         ));
     }
-    let seed = f.i64("seed")?.map(|s| s as u64);
-    let logit_bias = parse_logit_bias(f, vocab)?;
+    Ok(SamplingParams {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        top_k,
+        min_p: f.f64_in("min_p", 0.0, 0.0, 1.0)? as f32,
+        seed: f.i64("seed")?.map(|s| s as u64),
+        repetition_penalty: repetition_penalty as f32,
+        presence_penalty: f.f64_in("presence_penalty", 0.0, -2.0, 2.0)? as f32,
+        frequency_penalty: f.f64_in("frequency_penalty", 0.0, -2.0, 2.0)? as f32,
+        logit_bias: parse_logit_bias(f, vocab)?,
+        logprobs: parse_logprobs(f, api)?,
+    })
+}
 
-    let logprobs = match api {
+fn parse_logprobs(f: &Fields, api: Api) -> Result<Option<usize>, ApiError> {
+    Ok(match api {
         Api::Chat => {
             let want = f.bool_or("logprobs", false)?;
             let top = f.i64_in("top_logprobs", 0, MAX_LOGPROBS as i64)?;
@@ -167,14 +216,25 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
         Api::Completions | Api::Generate => f
             .i64_in("logprobs", 0, MAX_LOGPROBS as i64)?
             .map(|n| n as usize),
-    };
+    })
+}
 
-    let stop = parse_stop(f)?;
-    let user_stop_ids = match f.get("stop_token_ids") {
+/// What ends a request: stop strings, the client's stop token ids, and the ids the engine
+/// stops on (the client's plus the model's end-of-generation tokens unless `ignore_eos`).
+struct Stops {
+    strings: Vec<String>,
+    user_ids: Vec<u32>,
+    engine_ids: Vec<u32>,
+    ignore_eos: bool,
+}
+
+fn parse_stops(f: &Fields, tok: &Tokenizer) -> Result<Stops, ApiError> {
+    let strings = parse_stop(f)?;
+    let user_ids = match f.get("stop_token_ids") {
         None => Vec::new(),
         Some(Value::Array(a)) => a
             .iter()
-            .map(|v| token_id(v, vocab, "stop_token_ids"))
+            .map(|v| token_id(v, tok.vocab_size(), "stop_token_ids"))
             .collect::<Result<Vec<_>, _>>()?,
         Some(_) => {
             return Err(invalid(
@@ -184,18 +244,24 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
         }
     };
     let ignore_eos = f.bool_or("ignore_eos", false)?;
-    let mut stop_token_ids = user_stop_ids.clone();
+    let mut engine_ids = user_ids.clone();
     if !ignore_eos {
-        stop_token_ids.extend(
+        engine_ids.extend(
             tok.stop_token_ids()
                 .iter()
                 .filter(|&&t| Some(t) != tok.eos_token_id()),
         );
     }
-    let priority = f
-        .i64_in("priority", i32::MIN as i64, i32::MAX as i64)?
-        .unwrap_or(0) as i32;
+    Ok(Stops {
+        strings,
+        user_ids,
+        engine_ids,
+        ignore_eos,
+    })
+}
 
+/// `stream` and `stream_options.include_usage` (only with `stream`).
+fn parse_streaming(f: &Fields) -> Result<(bool, bool), ApiError> {
     let stream = f.bool_or("stream", false)?;
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -222,43 +288,7 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
             ));
         }
     };
-
-    let params = RequestParams {
-        max_tokens,
-        min_tokens,
-        stop_token_ids,
-        eos_token_id: tok.eos_token_id(),
-        ignore_eos,
-        priority,
-        prompt_logprobs: false,
-        sampling: SamplingParams {
-            temperature: temperature as f32,
-            top_p: top_p as f32,
-            top_k,
-            min_p: min_p as f32,
-            seed,
-            repetition_penalty: repetition_penalty as f32,
-            presence_penalty: presence_penalty as f32,
-            frequency_penalty: frequency_penalty as f32,
-            logit_bias,
-            logprobs,
-        },
-    };
-    let output = OutputOptions {
-        stop,
-        include_stop_str_in_output: f.bool_or("include_stop_str_in_output", false)?,
-        skip_special_tokens: f.bool_or("skip_special_tokens", true)?,
-        stop_token_ids: user_stop_ids,
-        logprobs: logprobs.is_some(),
-    };
-    Ok(Sampling {
-        n,
-        max_tokens,
-        params,
-        output,
-        stream,
-        include_usage,
-    })
+    Ok((stream, include_usage))
 }
 
 fn parse_stop(f: &Fields) -> Result<Vec<String>, ApiError> {
