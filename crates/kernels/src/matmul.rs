@@ -76,6 +76,19 @@ impl<'a> QMatrix<'a> {
         }
     }
 
+    /// A view of an f32 matrix held as `f32`s (`data.len() == rows * cols`, row-major): type
+    /// [`GgmlType::F32`], read in place by the float path (e.g. a router weight kept in f32).
+    /// Its bytes are in native order, which is GGUF's little-endian on the x86-64 targets
+    /// the kernels are built for (a big-endian target would need a converted copy).
+    pub fn from_f32(rows: usize, cols: usize, data: &'a [f32]) -> QMatrix<'a> {
+        assert_eq!(data.len(), rows * cols, "not a [{rows}, {cols}] matrix");
+        // SAFETY: any initialised f32 is readable as its 4 bytes; u8 has alignment 1, and the
+        // byte slice borrows `data` for the same lifetime.
+        let bytes =
+            unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), data.len() * 4) };
+        QMatrix::new(GgmlType::F32, rows, cols, bytes)
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.cols / self.ty.block_size() * self.ty.type_size()
@@ -664,6 +677,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn from_f32_views_the_same_matrix_as_its_le_bytes() {
+        let (n, k) = (5, 7);
+        let data = f32_matrix(n, k, 3);
+        let wf: Vec<f32> = data
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let x: Vec<f32> = (0..2 * k).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let (mut a, mut b) = (vec![0f32; 2 * n], vec![0f32; 2 * n]);
+        matmul(&x, &QMatrix::new(GgmlType::F32, n, k, &data), &mut a);
+        matmul(&x, &QMatrix::from_f32(n, k, &wf), &mut b);
+        assert_eq!(a, b);
     }
 
     #[test]

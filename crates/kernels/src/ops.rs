@@ -1,5 +1,6 @@
 //! Element-wise and normalisation ops on f32 rows: RMSNorm (alone and fused with the residual
-//! add), SiLU-gated products, residual adds, softmax and rotary position embeddings.
+//! add), SiLU-gated products, residual adds, `axpy` and scaling, softmax and rotary position
+//! embeddings.
 //!
 //! All ops work on flat row-major slices; the caller guarantees lengths (checked with
 //! `debug_assert!` only — kernels are infallible).
@@ -88,6 +89,21 @@ pub fn add_in_place(x: &mut [f32], y: &[f32]) {
     }
 }
 
+/// `y += a · x` (BLAS `saxpy`; a plain loop the compiler vectorises).
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    debug_assert_eq!(x.len(), y.len());
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv += a * xv;
+    }
+}
+
+/// `x *= a`.
+pub fn scale(x: &mut [f32], a: f32) {
+    for v in x.iter_mut() {
+        *v *= a;
+    }
+}
+
 /// `x[row] += bias` for every row of `x` (`bias.len()` is the row length).
 pub fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
@@ -135,14 +151,16 @@ pub fn rope_pair(i: usize, rot: usize, style: RopeStyle) -> (usize, usize) {
     }
 }
 
-/// `cos_sin = [cos θ_0, sin θ_0, cos θ_1, sin θ_1, ...]` with `θ_i = pos · inv_freq[i]`
-/// (`cos_sin.len() == 2 * inv_freq.len()`).
-pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], cos_sin: &mut [f32]) {
+/// `cos_sin = [m·cos θ_0, m·sin θ_0, m·cos θ_1, m·sin θ_1, ...]` with `θ_i = pos · inv_freq[i]`
+/// and `m = mscale` (`cos_sin.len() == 2 * inv_freq.len()`). `mscale` is YaRN's attention
+/// factor on cos and sin (DeepSeek, <https://arxiv.org/abs/2309.00071>); 1 leaves them plain
+/// (exactly: `x · 1.0 == x`).
+pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], mscale: f32, cos_sin: &mut [f32]) {
     debug_assert_eq!(cos_sin.len(), 2 * inv_freq.len());
     for (cs, &f) in cos_sin.chunks_exact_mut(2).zip(inv_freq) {
         let (sin, cos) = (pos as f32 * f).sin_cos();
-        cs[0] = cos;
-        cs[1] = sin;
+        cs[0] = cos * mscale;
+        cs[1] = sin * mscale;
     }
 }
 
@@ -242,6 +260,30 @@ mod tests {
             assert_eq!(xa, xb);
             assert_eq!(oa, ob);
         }
+    }
+
+    #[test]
+    fn rope_with_mscale_scales_cos_and_sin() {
+        let inv = [1.0, 0.1];
+        let (mut plain, mut scaled) = ([0f32; 4], [0f32; 4]);
+        rope_cos_sin(7, &inv, 1.0, &mut plain);
+        rope_cos_sin(7, &inv, 1.25, &mut scaled);
+        for (p, s) in plain.iter().zip(&scaled) {
+            assert_eq!(p * 1.25, *s);
+        }
+        let (mut a, mut b) = ([0.3, -0.7, 0.2, 0.9], [0.3, -0.7, 0.2, 0.9]);
+        rope(&mut a, 4, 7, &inv, RopeStyle::Interleaved);
+        rope_with(&mut b, 4, &plain, RopeStyle::Interleaved);
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn axpy_and_scale() {
+        let mut y = [1.0, 2.0, 3.0];
+        axpy(&mut y, 2.0, &[0.5, -1.0, 0.25]);
+        assert_eq!(y, [2.0, 0.0, 3.5]);
+        scale(&mut y, 0.5);
+        assert_eq!(y, [1.0, 0.0, 1.75]);
     }
 
     #[test]

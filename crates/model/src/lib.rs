@@ -8,6 +8,7 @@
 mod batch;
 mod config;
 pub mod deepseek;
+mod embed_head;
 mod hf_config;
 mod int4_linear;
 mod kv_cache;

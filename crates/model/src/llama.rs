@@ -26,11 +26,10 @@ use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, KvElem, PagedKvMut, RopeAt, attention};
-use tokenmill_kernels::ops::{
-    add_bias, add_in_place, add_rms_norm, rms_norm, rope_cos_sin, rope_with,
-};
+use tokenmill_kernels::ops::{add_bias, add_in_place, add_rms_norm, rms_norm, rope_with};
 
 use crate::batch::SeqChunk;
+use crate::embed_head::{self, embed_batch};
 use crate::int4_linear::{matmul_multi, matmul_silu_mul};
 use crate::kv_cache::LayerKvMut;
 use crate::profile::{OpKind, start, stop};
@@ -131,29 +130,10 @@ impl LlamaModel {
         ws: &'w mut Workspace,
     ) -> Result<&'w mut [f32], ModelError> {
         self.validate(chunks, kv)?;
-        let (h, rope_dim) = (self.cfg.hidden, self.cfg.rope_dim);
-        ws.tok_pos.clear();
-        for (ci, c) in chunks.iter().enumerate() {
-            ws.tok_pos
-                .extend((0..c.tokens.len()).map(|i| (ci, c.start_pos + i)));
-        }
-        let n_tok = ws.tok_pos.len();
-
+        let h = self.cfg.hidden;
         // Embedding lookup, RoPE angles, the first attention norm.
-        let t = start(&ws.profile);
         let embd = self.weights.token_embd.view(&self.store);
-        let x = resize(&mut ws.x, n_tok * h);
-        for (row, &id) in x
-            .chunks_exact_mut(h)
-            .zip(chunks.iter().flat_map(|c| c.tokens))
-        {
-            embd.dequantize_row_into(id as usize, row);
-        }
-        let cs = resize(&mut ws.rope_cs, n_tok * rope_dim);
-        for (cs, &(_, pos)) in cs.chunks_exact_mut(rope_dim).zip(&ws.tok_pos) {
-            rope_cos_sin(pos, &self.inv_freq, cs);
-        }
-        stop(&mut ws.profile, OpKind::Embed, t);
+        let n_tok = embed_batch(chunks, &embd, &self.inv_freq, 1.0, ws);
         let t = start(&ws.profile);
         let xn = resize(&mut ws.xn, n_tok * h);
         rms_norm(
@@ -280,28 +260,10 @@ impl LlamaModel {
 
     /// Final norm and LM head, only for the rows the chunks ask for: `[rows, vocab]`.
     fn lm_head<'w>(&self, chunks: &[SeqChunk<'_>], ws: &'w mut Workspace) -> &'w mut [f32] {
-        let (h, vocab) = (self.cfg.hidden, self.cfg.vocab_size);
-        let t = start(&ws.profile);
-        let n_rows: usize = chunks.iter().map(|c| c.n_logits()).sum();
-        let sel = resize(&mut ws.sel, n_rows * h);
-        let (mut r, mut t0) = (0, 0);
-        for c in chunks {
-            let len = c.tokens.len();
-            for i in t0 + len - c.n_logits()..t0 + len {
-                let out = &mut sel[r * h..(r + 1) * h];
-                rms_norm(
-                    &ws.x[i * h..(i + 1) * h],
-                    &self.weights.output_norm,
-                    self.cfg.rms_eps,
-                    out,
-                );
-                r += 1;
-            }
-            t0 += len;
-        }
-        let logits = resize(&mut ws.logits, n_rows * vocab);
-        self.weights.output.matmul(&self.store, sel, logits);
-        stop(&mut ws.profile, OpKind::LmHead, t);
-        logits
+        let (norm, eps) = (&self.weights.output_norm, self.cfg.rms_eps);
+        let vocab = self.cfg.vocab_size;
+        embed_head::lm_head(chunks, norm, eps, vocab, ws, |sel, logits| {
+            self.weights.output.matmul(&self.store, sel, logits)
+        })
     }
 }

@@ -124,11 +124,12 @@ impl Model {
         }
     }
 
-    /// A workspace for batches within these limits (see [`LlamaModel::workspace`]).
+    /// A workspace for batches within these limits, sized for this model's architecture
+    /// (see [`LlamaModel::workspace`], [`DeepSeekModel::workspace`]).
     pub fn workspace(&self, max_batch_tokens: usize, max_seqs: usize) -> Workspace {
         match self {
             Model::Llama(m) => m.workspace(max_batch_tokens, max_seqs),
-            Model::DeepSeek(_) => Workspace::default(),
+            Model::DeepSeek(m) => m.workspace(max_batch_tokens, max_seqs),
         }
     }
 
@@ -141,12 +142,7 @@ impl Model {
     ) -> Result<&'w mut [f32], ModelError> {
         match (self, kv) {
             (Model::Llama(m), ModelKv::Paged(kv)) => m.forward(chunks, kv, ws),
-            (Model::DeepSeek(m), ModelKv::Latent(kv)) => {
-                let logits = m.forward(chunks, kv)?;
-                ws.logits.clear();
-                ws.logits.extend_from_slice(&logits);
-                Ok(&mut ws.logits[..])
-            }
+            (Model::DeepSeek(m), ModelKv::Latent(kv)) => m.forward(chunks, kv, ws),
             _ => Err(ModelError::BadConfig(
                 "KV storage does not belong to this model".into(),
             )),

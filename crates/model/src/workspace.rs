@@ -8,9 +8,17 @@
 //!
 //! Allocation-free also relies on the kernels' own grow-only per-thread scratch (activation
 //! quantization, attention task tiles), which reaches its size on the first calls.
+//!
+//! One type serves every architecture (the engine holds one `Workspace` whatever the model):
+//! the residual stream, the normalised rows, the sub-layer output, the RoPE angles, the
+//! per-token bookkeeping and the LM head's rows and logits are shared (`embed_head.rs` fills
+//! and reads them for both); the Llama path's Q/K/V, attention and FFN buffers are its own,
+//! and DeepSeek's MLA + MoE buffers live in [`DeepSeekBuffers`] (`deepseek/workspace.rs`),
+//! empty unless the workspace was made for a DeepSeek model or has run one.
 
 use tokenmill_kernels::attention::AttnScratch;
 
+use crate::deepseek::DeepSeekBuffers;
 use crate::{ModelConfig, OpProfile};
 
 /// Activation buffers, reused across forward calls (grown on demand, never shrunk).
@@ -38,6 +46,8 @@ pub struct Workspace {
     pub(crate) tok_pos: Vec<(usize, usize)>,
     /// Attention's task plan and split-decode partials.
     pub(crate) attn_scratch: AttnScratch,
+    /// DeepSeek's MLA and MoE buffers (empty for the Llama family).
+    pub(crate) deepseek: DeepSeekBuffers,
     /// Time per op kind, when set to `Some`.
     pub profile: Option<OpProfile>,
 }
@@ -49,23 +59,40 @@ impl Workspace {
     /// its workers run ([`ThreadPool::warm_up`](tokenmill_kernels::pool::ThreadPool::warm_up)),
     /// so no thread start-up lands in the first steps.
     pub fn new(cfg: &ModelConfig, max_batch_tokens: usize, max_seqs: usize) -> Workspace {
-        tokenmill_kernels::pool::global().warm_up();
         let t = max_batch_tokens;
         let (q_dim, kv_dim) = (cfg.n_heads * cfg.head_dim, cfg.kv_dim());
         let buf = |len: usize| Vec::with_capacity(len);
         Workspace {
-            x: buf(t * cfg.hidden),
-            xn: buf(t * cfg.hidden),
             qkv: buf(t * (q_dim + 2 * kv_dim)),
             attn: buf(t * q_dim),
-            proj: buf(t * cfg.hidden),
             ffn: buf(t * cfg.ffn_hidden),
-            rope_cs: buf(t * cfg.rope_dim),
-            sel: buf(max_seqs * cfg.hidden),
-            logits: buf(max_seqs * cfg.vocab_size),
-            tok_pos: Vec::with_capacity(t),
             attn_scratch: AttnScratch::new(&cfg.attn_shape(), max_seqs),
-            profile: None,
+            ..Workspace::shared(t, max_seqs, cfg.hidden, cfg.rope_dim, cfg.vocab_size)
+        }
+    }
+
+    /// A workspace whose shared buffers hold `max_batch_tokens` rows of `hidden` (and of
+    /// `rope_dim` angles) and `max_seqs` logit rows of `vocab`; the architecture's own
+    /// buffers empty. Starts and warms up the thread pool, as [`Self::new`] says.
+    pub(crate) fn shared(
+        max_batch_tokens: usize,
+        max_seqs: usize,
+        hidden: usize,
+        rope_dim: usize,
+        vocab: usize,
+    ) -> Workspace {
+        tokenmill_kernels::pool::global().warm_up();
+        let t = max_batch_tokens;
+        let buf = |len: usize| Vec::with_capacity(len);
+        Workspace {
+            x: buf(t * hidden),
+            xn: buf(t * hidden),
+            proj: buf(t * hidden),
+            rope_cs: buf(t * rope_dim),
+            sel: buf(max_seqs * hidden),
+            logits: buf(max_seqs * vocab),
+            tok_pos: Vec::with_capacity(t),
+            ..Workspace::default()
         }
     }
 }

@@ -11,7 +11,7 @@ mod common;
 use common::{deepseek_greedy, deepseek_logits_chunked, floats, worst_rel};
 use serde_json::Value;
 use tokenmill_model::deepseek::{DeepSeekModel, Routing};
-use tokenmill_model::{LogitsWanted, SeqChunk};
+use tokenmill_model::{LogitsWanted, SeqChunk, Workspace};
 use tokenmill_testutil::ids;
 
 fn load(name: &str) -> (DeepSeekModel, Value) {
@@ -99,13 +99,26 @@ fn kv_bytes_per_token_is_the_latent_formula() {
 fn bad_batches_are_rejected() {
     let (model, _) = load("v2");
     let mut kv = model.kv_cache(2, 4);
+    let mut ws = Workspace::default();
     let chunk = |tokens: &'static [u32], table: &'static [u32]| SeqChunk {
         tokens,
         start_pos: 0,
         block_table: table,
         logits: LogitsWanted::Last,
     };
-    assert!(model.forward(&[chunk(&[300], &[0, 1])], &mut kv).is_err());
-    assert!(model.forward(&[chunk(&[1; 9], &[0, 1])], &mut kv).is_err());
-    assert!(model.forward(&[chunk(&[1], &[5])], &mut kv).is_err());
+    assert!(
+        model
+            .forward(&[chunk(&[300], &[0, 1])], &mut kv, &mut ws)
+            .is_err()
+    );
+    assert!(
+        model
+            .forward(&[chunk(&[1; 9], &[0, 1])], &mut kv, &mut ws)
+            .is_err()
+    );
+    assert!(
+        model
+            .forward(&[chunk(&[1], &[5])], &mut kv, &mut ws)
+            .is_err()
+    );
 }

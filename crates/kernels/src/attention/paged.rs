@@ -312,7 +312,7 @@ mod tests {
                 let kt: Vec<f32> = (0..12).map(|i| (i * 7 % 5) as f32 - pos as f32).collect();
                 let vt: Vec<f32> = (0..12).map(|i| i as f32 + pos as f32).collect();
                 let mut cs = [0f32; 4];
-                rope_cos_sin(pos, &inv_freq, &mut cs);
+                rope_cos_sin(pos, &inv_freq, 1.0, &mut cs);
                 let rope_at = RopeAt {
                     cos_sin: &cs,
                     style,
@@ -351,7 +351,7 @@ mod tests {
                 let kt: Vec<f32> = (0..16).map(|i| (i as f32 * 0.377 - 2.9) * 1.01).collect();
                 let vt: Vec<f32> = (0..16).map(|i| 1.0 / (i as f32 + 0.3)).collect();
                 let mut cs = [0f32; 6];
-                rope_cos_sin(pos, &inv_freq, &mut cs);
+                rope_cos_sin(pos, &inv_freq, 1.0, &mut cs);
                 let r = Some(RopeAt {
                     cos_sin: &cs,
                     style,

@@ -18,42 +18,58 @@
 //! ```
 //! Because K and V are never expanded, the cache holds `kv_lora_rank + qk_rope_head_dim`
 //! values per token per layer ([`LatentKvCache`]) instead of `H·(nope + rope + v)`.
-//! RoPE rotates adjacent pairs (transformers' complex `apply_rotary_emb`), with YaRN's
-//! attention factor on cos and sin. Attention and routing here are plain f32 loops (the
-//! reference form); the matmuls are the kernel crate's. A token's result depends only on its
-//! own sequence, so batching and chunking do not change logits.
+//! RoPE rotates adjacent pairs (transformers' complex `apply_rotary_emb`, the kernels'
+//! `RopeStyle::Interleaved`), with YaRN's attention factor on cos and sin (the angles are
+//! computed once per token per call, `rope_cos_sin(.., rope_mscale, ..)`, and shared by every
+//! layer and head). The embedding lookup and the final norm + LM head of the wanted rows are
+//! the Llama path's (`embed_head.rs`); attention is `mla.rs` (one sweep of the latent rows per
+//! token for all heads, online softmax), the router and experts `moe.rs`; the matmuls, dots,
+//! axpys, norms and residual adds are the kernel crate's. The plain loops these replaced are
+//! kept as reference twins with differential tests (`mla::attend_ref`,
+//! `moe::matmul_f32_ref`).
+//!
+//! Every activation buffer lives in the [`Workspace`] (DeepSeek's own in
+//! `workspace.rs`'s `DeepSeekBuffers`): with a workspace that has seen the batch shape, a
+//! call allocates nothing (`tests/zero_alloc_deepseek.rs`). A token's result depends only on
+//! its own sequence: batching and chunking do not change logits beyond f32 rounding (bit for
+//! bit with Rows16 weights; float weights — the tiny fixtures are f32 — are summed in another
+//! order by `matmul`'s gemm path from 16 rows up, and an expert's row count is the number of
+//! tokens routed to it).
 
 mod config;
 mod gguf;
 mod latent_kv;
+mod mla;
 mod moe;
 mod weights;
+mod workspace;
 
 use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::glu::matmul_silu_mul;
 use tokenmill_kernels::matmul::matmul;
-use tokenmill_kernels::ops::rms_norm;
+use tokenmill_kernels::ops::{RopeStyle, add_in_place, add_rms_norm, rms_norm, rope_with};
 
 pub use config::{DeepSeekConfig, Routing};
 pub use gguf::ARCH as GGUF_ARCH;
 pub use latent_kv::LatentKvCache;
-pub use moe::route;
+pub use moe::{RouteScratch, route};
+pub(crate) use workspace::DeepSeekBuffers;
 
 use crate::ModelError;
+use crate::Workspace;
 use crate::batch::SeqChunk;
+use crate::embed_head::{self, embed_batch};
 use crate::store::WeightStore;
-use weights::{Ffn, Layer, Mlp, Moe, QProj, Weights};
+use crate::workspace::resize;
+use weights::{Ffn, Layer, Mlp, QProj, Weights};
 
 pub struct DeepSeekModel {
     store: WeightStore,
     cfg: DeepSeekConfig,
     weights: Weights,
 }
-
-/// Per-call token bookkeeping: (chunk index, position) per token.
-type TokPos = Vec<(usize, usize)>;
 
 impl DeepSeekModel {
     /// The model of a Hugging Face folder (`config.json` + safetensors).
@@ -104,218 +120,163 @@ impl DeepSeekModel {
         crate::batch::validate_chunks(chunks, vocab, blocks, bs)
     }
 
+    /// A workspace that never allocates for batches of up to `max_batch_tokens` tokens in up
+    /// to `max_seqs` chunks (as [`Workspace::new`] for the Llama family).
+    pub fn workspace(&self, max_batch_tokens: usize, max_seqs: usize) -> Workspace {
+        let c = &self.cfg;
+        let rope_dim = c.qk_rope_head_dim;
+        Workspace {
+            deepseek: DeepSeekBuffers::new(c, max_batch_tokens),
+            ..Workspace::shared(max_batch_tokens, max_seqs, c.hidden, rope_dim, c.vocab_size)
+        }
+    }
+
     /// Runs the batch; returns the wanted logits, `[Σ chunk.n_logits(), vocab]`, in chunk order.
-    pub fn forward(
+    pub fn forward<'w>(
         &self,
         chunks: &[SeqChunk<'_>],
         kv: &mut LatentKvCache,
-    ) -> Result<Vec<f32>, ModelError> {
+        ws: &'w mut Workspace,
+    ) -> Result<&'w mut [f32], ModelError> {
         self.validate(chunks, kv)?;
-        let h = self.cfg.hidden;
-        let tok_pos: TokPos = chunks
-            .iter()
-            .enumerate()
-            .flat_map(|(ci, c)| (0..c.tokens.len()).map(move |i| (ci, c.start_pos + i)))
-            .collect();
-        let n_tok = tok_pos.len();
+        let c = &self.cfg;
         let embed = self.weights.embed.view(&self.store);
-        let mut x = vec![0f32; n_tok * h];
-        for (row, &id) in x
-            .chunks_exact_mut(h)
-            .zip(chunks.iter().flat_map(|c| c.tokens))
-        {
-            embed.dequantize_row_into(id as usize, row);
+        let n_tok = embed_batch(chunks, &embed, &c.inv_freq, c.rope_mscale, ws);
+        let layers = &self.weights.layers;
+        let xn = resize(&mut ws.xn, n_tok * c.hidden);
+        rms_norm(&ws.x, &layers[0].attn_norm, c.rms_eps, xn);
+        for (l, lw) in layers.iter().enumerate() {
+            self.attention(l, lw, chunks, kv, ws);
+            self.ffn(lw, layers.get(l + 1), ws);
         }
-        let mut xn = vec![0f32; n_tok * h];
-        let mut proj = vec![0f32; n_tok * h];
-        for (l, lw) in self.weights.layers.iter().enumerate() {
-            rms_norm(&x, &lw.attn_norm, self.cfg.rms_eps, &mut xn);
-            self.attention(l, lw, chunks, &tok_pos, kv, &xn, &mut proj);
-            add(&mut x, &proj);
-            rms_norm(&x, &lw.ffn_norm, self.cfg.rms_eps, &mut xn);
-            match &lw.ffn {
-                Ffn::Dense(m) => self.mlp(m, &xn, &mut proj),
-                Ffn::Moe(m) => self.moe(m, &xn, &mut proj),
-            }
-            add(&mut x, &proj);
-        }
-        Ok(self.lm_head(chunks, &x))
+        let (norm, vocab) = (&self.weights.norm, c.vocab_size);
+        let head = self.weights.lm_head.view(&self.store);
+        Ok(embed_head::lm_head(
+            chunks,
+            norm,
+            c.rms_eps,
+            vocab,
+            ws,
+            |sel, logits| matmul(sel, &head, logits),
+        ))
     }
 
-    /// `proj = W_o · MLA(xn)`, writing the batch's latent rows into the cache first.
-    #[allow(clippy::too_many_arguments)]
+    /// `x += W_o · MLA(xn)`, `xn = rms_norm(x) · ffn_norm`, for layer `l`, writing the batch's
+    /// latent rows into the cache first.
     fn attention(
         &self,
         l: usize,
         lw: &Layer,
         chunks: &[SeqChunk<'_>],
-        tok_pos: &TokPos,
         kv: &mut LatentKvCache,
-        xn: &[f32],
-        proj: &mut [f32],
+        ws: &mut Workspace,
     ) {
         let c = &self.cfg;
-        let (nh, nope, rope, vd) = (
-            c.n_heads,
-            c.qk_nope_head_dim,
-            c.qk_rope_head_dim,
-            c.v_head_dim,
-        );
-        let (r, qk) = (c.kv_lora_rank, nope + rope);
-        let n_tok = tok_pos.len();
+        let (nh, qk) = (c.n_heads, c.qk_nope_head_dim + c.qk_rope_head_dim);
+        let n_tok = ws.tok_pos.len();
+        let d = &mut ws.deepseek;
+        self.queries(lw, &ws.xn, d);
+        self.write_latents(l, lw, chunks, kv, &ws.xn, &ws.rope_cs, &ws.tok_pos, d);
+        let out = resize(&mut d.attn, n_tok * nh * c.v_head_dim); // [T, H·v]
+        for ((q, oh), &(ci, pos)) in
+            d.q.chunks_exact(nh * qk)
+                .zip(out.chunks_exact_mut(nh * c.v_head_dim))
+                .zip(&ws.tok_pos)
+        {
+            let keys = mla::Keys {
+                kv: &*kv,
+                layer: l,
+                table: chunks[ci].block_table,
+                n_keys: pos + 1,
+            };
+            mla::attend(c, &lw.kv_b, q, keys, &mut d.mla, oh);
+        }
+        let proj = resize(&mut ws.proj, n_tok * c.hidden);
+        matmul(out, &lw.o.view(&self.store), proj);
+        add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, c.rms_eps, &mut ws.xn);
+    }
+
+    /// `d.q = W_qb · rms_norm(W_qa · xn)` (or `W_q · xn`) `[T, H·(nope + rope)]` (RoPE on
+    /// each head's rope part follows in [`Self::write_latents`]).
+    fn queries(&self, lw: &Layer, xn: &[f32], d: &mut DeepSeekBuffers) {
+        let c = &self.cfg;
+        let n_tok = xn.len() / c.hidden;
         let s = &self.store;
-        let mut q = vec![0f32; n_tok * nh * qk]; // [T, H·(nope+rope)]
+        let q = resize(
+            &mut d.q,
+            n_tok * c.n_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim),
+        );
         match &lw.q {
-            QProj::Full(w) => matmul(xn, &w.view(s), &mut q),
+            QProj::Full(w) => matmul(xn, &w.view(s), q),
             QProj::Lora { a, norm, b } => {
-                let mut qa = vec![0f32; n_tok * a.rows]; // [T, q_lora_rank]
-                matmul(xn, &a.view(s), &mut qa);
-                let mut qan = vec![0f32; qa.len()];
-                rms_norm(&qa, norm, c.rms_eps, &mut qan);
-                matmul(&qan, &b.view(s), &mut q);
+                let qa = resize(&mut d.qa, n_tok * a.rows); // [T, q_lora_rank]
+                matmul(xn, &a.view(s), qa);
+                let qan = resize(&mut d.qa_norm, n_tok * a.rows);
+                rms_norm(qa, norm, c.rms_eps, qan);
+                matmul(qan, &b.view(s), q);
             }
         }
-        let mut ckv = vec![0f32; n_tok * c.latent_dim()]; // [T, r + rope]
-        matmul(xn, &lw.kv_a.view(s), &mut ckv);
-        for (row, &(ci, pos)) in ckv.chunks_exact(c.latent_dim()).zip(tok_pos) {
+    }
+
+    /// The batch's latent cache rows `[rms_norm(c) · kv_a_norm, rope(k_pe)]` of
+    /// `W_kva · xn`, and RoPE on the rope part of every query head in `d.q`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_latents(
+        &self,
+        l: usize,
+        lw: &Layer,
+        chunks: &[SeqChunk<'_>],
+        kv: &mut LatentKvCache,
+        xn: &[f32],
+        rope_cs: &[f32],
+        tok_pos: &[(usize, usize)],
+        d: &mut DeepSeekBuffers,
+    ) {
+        let c = &self.cfg;
+        let (r, nope, rope) = (c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim);
+        let ckv = resize(&mut d.ckv, tok_pos.len() * c.latent_dim()); // [T, r + rope]
+        matmul(xn, &lw.kv_a.view(&self.store), ckv);
+        let style = RopeStyle::Interleaved;
+        for ((row, cs), &(ci, pos)) in ckv
+            .chunks_exact(c.latent_dim())
+            .zip(rope_cs.chunks_exact(rope))
+            .zip(tok_pos)
+        {
             let dst = kv.row_mut(l, chunks[ci].block_table, pos);
             rms_norm(&row[..r], &lw.kv_a_norm, c.rms_eps, &mut dst[..r]);
             dst[r..].copy_from_slice(&row[r..]);
-            rope_pairs(&mut dst[r..], pos, &c.inv_freq, c.rope_mscale);
+            rope_with(&mut dst[r..], rope, cs, style);
         }
-        let mut out = vec![0f32; n_tok * nh * vd]; // [T, H·v]
-        let (mut q_lat, mut o_lat, mut scores) = (vec![0f32; r], vec![0f32; r], Vec::new());
-        for (t, &(ci, pos)) in tok_pos.iter().enumerate() {
-            let table = chunks[ci].block_table;
-            for hd in 0..nh {
-                let qh = &mut q[(t * nh + hd) * qk..(t * nh + hd + 1) * qk];
-                rope_pairs(&mut qh[nope..], pos, &c.inv_freq, c.rope_mscale);
-                let w_uk = &lw.kv_b[hd * (nope + vd) * r..(hd * (nope + vd) + nope) * r];
-                q_lat.fill(0.0);
-                for (qd, wrow) in qh[..nope].iter().zip(w_uk.chunks_exact(r)) {
-                    q_lat.iter_mut().zip(wrow).for_each(|(a, w)| *a += qd * w);
-                }
-                scores.clear();
-                scores.extend((0..=pos).map(|j| {
-                    let row = kv.row(l, table, j);
-                    c.attn_scale * (dot(&q_lat, &row[..r]) + dot(&qh[nope..], &row[r..]))
-                }));
-                softmax(&mut scores);
-                o_lat.fill(0.0);
-                for (j, p) in scores.iter().enumerate() {
-                    let row = &kv.row(l, table, j)[..r];
-                    o_lat.iter_mut().zip(row).for_each(|(o, cv)| *o += p * cv);
-                }
-                let w_uv = &lw.kv_b[(hd * (nope + vd) + nope) * r..(hd + 1) * (nope + vd) * r];
-                let oh = &mut out[(t * nh + hd) * vd..(t * nh + hd + 1) * vd];
-                for (ov, wrow) in oh.iter_mut().zip(w_uv.chunks_exact(r)) {
-                    *ov = dot(wrow, &o_lat);
-                }
+        let q_row = c.n_heads * (nope + rope);
+        for (qt, cs) in d.q.chunks_exact_mut(q_row).zip(rope_cs.chunks_exact(rope)) {
+            for head in qt.chunks_exact_mut(nope + rope) {
+                rope_with(&mut head[nope..], rope, cs, style);
             }
-        }
-        matmul(&out, &lw.o.view(s), proj);
-    }
-
-    /// `out = W_down · (silu(W_gate · x) ⊙ W_up · x)` for every row of `x`.
-    fn mlp(&self, m: &Mlp, x: &[f32], out: &mut [f32]) {
-        let n_tok = x.len() / self.cfg.hidden;
-        let mut f = vec![0f32; n_tok * m.gate.rows];
-        matmul_silu_mul(
-            x,
-            &m.gate.view(&self.store),
-            &m.up.view(&self.store),
-            &mut f,
-        );
-        matmul(&f, &m.down.view(&self.store), out);
-    }
-
-    /// Routed experts (grouped per expert over the tokens routed to it) plus shared experts.
-    fn moe(&self, m: &Moe, xn: &[f32], out: &mut [f32]) {
-        let (h, e) = (self.cfg.hidden, self.cfg.n_routed_experts);
-        let n_tok = xn.len() / h;
-        let mut logits = vec![0f32; n_tok * e];
-        moe::matmul_f32_ref(xn, &m.router, h, &mut logits);
-        let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); e];
-        let mut picks = Vec::new();
-        for (t, lrow) in logits.chunks_exact(e).enumerate() {
-            route(&self.cfg, lrow, m.bias.as_deref(), &mut picks);
-            for &(ex, w) in &picks {
-                by_expert[ex].push((t, w));
-            }
-        }
-        out.fill(0.0);
-        let (mut xe, mut ye) = (Vec::new(), Vec::new());
-        for (ex, toks) in by_expert.iter().enumerate().filter(|(_, t)| !t.is_empty()) {
-            xe.clear();
-            for &(t, _) in toks {
-                xe.extend_from_slice(&xn[t * h..(t + 1) * h]);
-            }
-            ye.resize(toks.len() * h, 0.0);
-            self.mlp(&m.experts[ex], &xe, &mut ye);
-            for (&(t, w), y) in toks.iter().zip(ye.chunks_exact(h)) {
-                out[t * h..(t + 1) * h]
-                    .iter_mut()
-                    .zip(y)
-                    .for_each(|(o, v)| *o += w * v);
-            }
-        }
-        if let Some(shared) = &m.shared {
-            let mut ys = vec![0f32; n_tok * h];
-            self.mlp(shared, xn, &mut ys);
-            add(out, &ys);
         }
     }
 
-    /// Final norm and LM head for the rows the chunks ask for: `[rows, vocab]`.
-    fn lm_head(&self, chunks: &[SeqChunk<'_>], x: &[f32]) -> Vec<f32> {
-        let h = self.cfg.hidden;
-        let mut sel = Vec::new();
-        let mut t0 = 0;
-        for c in chunks {
-            let len = c.tokens.len();
-            for i in t0 + len - c.n_logits()..t0 + len {
-                let start = sel.len();
-                sel.resize(start + h, 0.0);
-                rms_norm(
-                    &x[i * h..(i + 1) * h],
-                    &self.weights.norm,
-                    self.cfg.rms_eps,
-                    &mut sel[start..],
-                );
-            }
-            t0 += len;
+    /// `x += ffn(xn)` (dense SwiGLU or MoE), then `xn = rms_norm(x)` with the next layer's
+    /// attention norm (the final norm is the LM head's, on the wanted rows only).
+    fn ffn(&self, lw: &Layer, next: Option<&Layer>, ws: &mut Workspace) {
+        let c = &self.cfg;
+        let proj = resize(&mut ws.proj, ws.xn.len());
+        let d = &mut ws.deepseek;
+        match &lw.ffn {
+            Ffn::Dense(m) => mlp(&self.store, m, &ws.xn, &mut d.ffn, proj),
+            Ffn::Moe(m) => moe::moe(&self.store, c, m, &ws.xn, &mut d.moe, proj),
         }
-        let mut logits = vec![0f32; sel.len() / h * self.cfg.vocab_size];
-        matmul(&sel, &self.weights.lm_head.view(&self.store), &mut logits);
-        logits
+        match next {
+            Some(next) => add_rms_norm(&mut ws.x, proj, &next.attn_norm, c.rms_eps, &mut ws.xn),
+            None => add_in_place(&mut ws.x, proj),
+        }
     }
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
-    x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
-}
-
-fn softmax(s: &mut [f32]) {
-    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in s.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    s.iter_mut().for_each(|v| *v /= sum);
-}
-
-/// Rotates adjacent pairs `(2i, 2i+1)` by `pos · inv_freq[i]`, cos and sin scaled by `m`.
-fn rope_pairs(x: &mut [f32], pos: usize, inv_freq: &[f32], m: f32) {
-    for (pair, &f) in x.chunks_exact_mut(2).zip(inv_freq) {
-        let (sin, cos) = (pos as f32 * f).sin_cos();
-        let (c, s) = (cos * m, sin * m);
-        let (a, b) = (pair[0], pair[1]);
-        pair[0] = a * c - b * s;
-        pair[1] = a * s + b * c;
-    }
+/// `out = W_down · (silu(W_gate · x) ⊙ W_up · x)` for every row of `x`, through `f`
+/// `[rows, gate.rows]`.
+fn mlp(store: &WeightStore, m: &Mlp, x: &[f32], f: &mut Vec<f32>, out: &mut [f32]) {
+    let n_tok = x.len() / m.gate.cols;
+    let f = resize(f, n_tok * m.gate.rows);
+    matmul_silu_mul(x, &m.gate.view(store), &m.up.view(store), f);
+    matmul(f, &m.down.view(store), out);
 }

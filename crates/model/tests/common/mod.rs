@@ -98,15 +98,17 @@ pub fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
 /// [`logits_chunked_by`] for a DeepSeek model (8 latent KV blocks of 4 positions).
 pub fn deepseek_logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let mut kv = model.kv_cache(8, 4);
+    let mut ws = Workspace::default();
     logits_chunked_by(tokens, chunk, |c, out| {
-        out.extend(model.forward(&[c], &mut kv).unwrap())
+        out.extend_from_slice(model.forward(&[c], &mut kv, &mut ws).unwrap())
     })
 }
 
 /// [`greedy_by`] for a DeepSeek model.
 pub fn deepseek_greedy(model: &DeepSeekModel, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut kv = model.kv_cache(8, 4);
+    let mut ws = Workspace::default();
     greedy_by(prompt, n, |c| {
-        argmax(&model.forward(&[c], &mut kv).unwrap())
+        argmax(model.forward(&[c], &mut kv, &mut ws).unwrap())
     })
 }

@@ -1,0 +1,146 @@
+//! Zero allocation per DeepSeek decode step: after warm-up, decode steps of a batch on the
+//! tiny DeepSeek V2 (softmax routing) and V3 (sigmoid + bias, group-limited) models allocate
+//! nothing — not the MLA attention over the latent cache, not routing or the grouped expert
+//! pass, not the workspace, not the kernels' scratch, not the thread pool.
+//!
+//! The same kind of test as `zero_alloc.rs` (a second binary: a counting global allocator
+//! must be its binary's only test, so no other test allocates concurrently). Each model (HF
+//! folder and llama.cpp GGUF): four sequences prefilled with different prompt lengths in one
+//! batch, a few warm-up decode steps, then `STEPS` counted decode steps of the whole batch,
+//! with scattered block tables and block sizes 16 and 4. With the random weights the tokens of
+//! a step pick different experts, and how many tokens each expert gets changes from step to
+//! step (shown by the unit test `deepseek::tests::decode_tokens_spread_over_experts`), so the
+//! grouped pass's varying shapes are among the counted steps.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokenmill_model::deepseek::DeepSeekModel;
+use tokenmill_model::{LogitsWanted, SeqChunk};
+use tokenmill_testutil::argmax;
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const B: usize = 4;
+const WARM_UP: usize = 3;
+const STEPS: usize = 24;
+
+/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`.
+fn decode_allocations(model: &DeepSeekModel, block_size: usize) -> usize {
+    let vocab = model.config().vocab_size;
+    // Prompts cross the attention's 32-key tiles at different points.
+    let prompt_lens = [5, 31, 50, 97];
+    let max_len = prompt_lens.iter().max().unwrap() + WARM_UP + STEPS;
+    let per_seq = max_len.div_ceil(block_size);
+    let mut kv = model.kv_cache(B * per_seq, block_size);
+    // Sequence s owns blocks s, s + B, s + 2B, ... (interleaved, not contiguous).
+    let tables: Vec<Vec<u32>> = (0..B)
+        .map(|s| (0..per_seq).map(|i| (i * B + s) as u32).collect())
+        .collect();
+    let prompts: Vec<Vec<u32>> = prompt_lens
+        .iter()
+        .enumerate()
+        .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
+        .collect();
+    let mut ws = model.workspace(prompt_lens.iter().sum(), B);
+    let chunks: Vec<SeqChunk> = (0..B)
+        .map(|s| SeqChunk {
+            tokens: &prompts[s],
+            start_pos: 0,
+            block_table: &tables[s],
+            logits: LogitsWanted::Last,
+        })
+        .collect();
+    let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
+    let mut next: [u32; B] = std::array::from_fn(|s| argmax(&logits[s * vocab..][..vocab]));
+    let mut pos = prompt_lens;
+    let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
+        let toks = *next;
+        let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
+            tokens: std::slice::from_ref(&toks[s]),
+            start_pos: pos[s],
+            block_table: &tables[s],
+            logits: LogitsWanted::Last,
+        });
+        let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
+        for (s, n) in next.iter_mut().enumerate() {
+            *n = argmax(&logits[s * vocab..][..vocab]);
+            pos[s] += 1;
+        }
+    };
+    for _ in 0..WARM_UP {
+        step(&mut next, &mut pos);
+    }
+    ALLOCATIONS.store(0, Ordering::SeqCst);
+    COUNTING.store(true, Ordering::SeqCst);
+    for _ in 0..STEPS {
+        step(&mut next, &mut pos);
+    }
+    COUNTING.store(false, Ordering::SeqCst);
+    ALLOCATIONS.load(Ordering::SeqCst)
+}
+
+#[test]
+fn decode_steps_allocate_nothing() {
+    let root = tokenmill_testutil::fixtures_dir("deepseek");
+    let mut failures = Vec::new();
+    for name in ["v2", "v3"] {
+        let dir = root.join(name);
+        let models = [
+            ("folder", DeepSeekModel::load_hf_dir(&dir).unwrap()),
+            (
+                "gguf",
+                DeepSeekModel::load_gguf(&dir.join("model.f32.gguf")).unwrap(),
+            ),
+        ];
+        for (form, model) in &models {
+            for block_size in [16, 4] {
+                let n = decode_allocations(model, block_size);
+                eprintln!(
+                    "{name} {form}, block size {block_size}: {n} allocations in {STEPS} steps"
+                );
+                if n != 0 {
+                    failures.push(format!("{name}/{form}/{block_size}: {n}"));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "allocations during decode: {failures:?}"
+    );
+}
