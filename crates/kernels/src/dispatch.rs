@@ -25,8 +25,8 @@
 
 use std::sync::OnceLock;
 
-use crate::attention::KvElem;
-use crate::matmul::{Layout, QMatrix};
+use crate::kv_elem::KvElem;
+use crate::qmatrix::{Layout, QMatrix};
 use crate::quant::GgmlType;
 use crate::quant::rows16::GROUP;
 use crate::simd::attn::{AttnMergeFn, AttnTile, AttnTileFn};
@@ -472,10 +472,10 @@ impl Kernels {
     /// site, once per layer call: every row of a model then takes the same kernel).
     pub(crate) fn attention<T: KvElem>(&self, head_dim: usize) -> AttnKernels<T> {
         let (tile, merge) = if head_dim.is_multiple_of(self.fns.attn_lanes) {
-            (T::tile_fn(&self.fns), self.fns.attn_merge)
+            (self.fns.attn_tile_for::<T>(), self.fns.attn_merge)
         } else {
             let s = scalar::fns();
-            (T::tile_fn(&s), s.attn_merge)
+            (s.attn_tile_for::<T>(), s.attn_merge)
         };
         AttnKernels {
             tile,

@@ -4,7 +4,8 @@
 //! native format (`matmul`, with several matrices over one input in one pass), the fused
 //! SwiGLU gate (`glu`), AWQ/GPTQ int4 weights and their matmul (`int4`), paged flash-style attention (`attention`), and the element-wise /
 //! normalisation ops the model layers call (`ops`). Kernels are infallible: shapes are checked at the layer boundary, and a kernel
-//! only `debug_assert!`s them.
+//! only `debug_assert!`s them. Plain data at the bottom, under both the kernel table and the
+//! ops: the weight view `QMatrix` (`qmatrix`) and the K/V element types (`kv_elem`).
 //!
 //! Performance plumbing, both process-wide and initialised lazily on first use:
 //! * [`dispatch`]: the kernel table of the best SIMD tier this CPU supports (AVX-512 VNNI,
@@ -17,9 +18,11 @@ pub mod attention;
 pub mod dispatch;
 pub mod glu;
 pub mod int4;
+pub mod kv_elem;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+pub mod qmatrix;
 pub mod quant;
 mod simd;
 

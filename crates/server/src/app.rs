@@ -207,7 +207,7 @@ type Slot = Arc<OnceLock<(SharedState, Router)>>;
 /// Like [`serve`], but the state arrives when `ready` resolves (the model loads meanwhile):
 /// until then every route, `/health` included, answers 503. A failed `ready` ends the
 /// server with its error; a `shutdown` while loading ends it at once.
-pub async fn serve_when_ready<E: std::fmt::Display>(
+pub async fn serve_when_ready<E: std::fmt::Display + 'static>(
     listener: TcpListener,
     ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -216,94 +216,30 @@ pub async fn serve_when_ready<E: std::fmt::Display>(
 }
 
 /// [`serve_when_ready`] with the slot the state goes into (already filled by [`serve`]).
-async fn serve_with_slot<E: std::fmt::Display>(
+async fn serve_with_slot<E: std::fmt::Display + 'static>(
     listener: TcpListener,
     slot: Slot,
     ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let app = Router::new().fallback({
-        let slot = slot.clone();
-        move |req: Request| {
-            let slot = slot.clone();
-            async move {
-                match slot.get() {
-                    Some((_, router)) => match router.clone().oneshot(req).await {
-                        Ok(resp) => resp,
-                        Err(never) => match never {},
-                    },
-                    None => ApiError::loading().into_response(),
-                }
-            }
-        }
-    });
+    let app = loading_router(slot.clone());
+    let drain = Drain::default();
     let address = listener.local_addr().ok();
-    let deadline: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let failed: Arc<Mutex<Option<String>>> = Arc::default();
-    let closing = Arc::new(Notify::new());
-    let drained = {
-        let (slot, deadline, failed, closing) = (
-            slot.clone(),
-            deadline.clone(),
-            failed.clone(),
-            closing.clone(),
-        );
-        async move {
-            tokio::pin!(shutdown);
-            let state = tokio::select! {
-                _ = &mut shutdown => return,
-                r = ready => match r {
-                    Ok(state) => state,
-                    Err(e) => {
-                        *failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
-                        return;
-                    }
-                },
-            };
-            if slot.get().is_none() {
-                let _ = slot.set((state.clone(), router(state.clone())));
-            }
-            match address {
-                Some(address) => {
-                    tracing::info!(%address, model = state.model_name(), "serving");
-                }
-                None => tracing::info!(model = state.model_name(), "serving"),
-            }
-            shutdown.await;
-            let timeout = state.config.drain_timeout;
-            let until = Instant::now() + timeout;
-            *deadline.lock().unwrap_or_else(|e| e.into_inner()) = Some(until);
-            state.start_draining();
-            tracing::info!(
-                timeout_s = timeout.as_secs_f64(),
-                in_flight = state.in_flight(),
-                "shutting down: draining in-flight requests"
-            );
-            // Still accepting: /health says 503, new work gets 503, running work finishes.
-            while state.in_flight() > 0 && Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            closing.notify_one();
-        }
-    };
+    let drained = drain.clone().run(slot.clone(), address, ready, shutdown);
     let server = axum::serve(listener, app)
         .with_graceful_shutdown(drained)
         .into_future();
     tokio::pin!(server);
-    let failure =
-        |r: std::io::Result<()>| match failed.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(e) => Err(std::io::Error::other(e)),
-            None => r,
-        };
+    let failure = |r: std::io::Result<()>| match lock(&drain.failed).take() {
+        Some(e) => Err(std::io::Error::other(e)),
+        None => r,
+    };
     tokio::select! {
         r = &mut server => return failure(r),
-        _ = closing.notified() => {}
+        _ = drain.closing.notified() => {}
     }
     // The listener is closed; let open connections flush their last frames.
-    let until = deadline
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or_else(Instant::now);
+    let until = lock(&drain.deadline).unwrap_or_else(Instant::now);
     let grace = until
         .saturating_duration_since(Instant::now())
         .max(Duration::from_secs(1));
@@ -320,6 +256,83 @@ async fn serve_with_slot<E: std::fmt::Display>(
             );
             Ok(())
         }
+    }
+}
+
+/// Every request goes to the served router once the slot holds one; before, 503 "loading".
+fn loading_router(slot: Slot) -> Router {
+    Router::new().fallback(move |req: Request| {
+        let slot = slot.clone();
+        async move {
+            match slot.get() {
+                Some((_, router)) => match router.clone().oneshot(req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                },
+                None => ApiError::loading().into_response(),
+            }
+        }
+    })
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// What the load-and-drain task tells the serving loop.
+#[derive(Clone, Default)]
+struct Drain {
+    /// When the drain must end (set at shutdown).
+    deadline: Arc<Mutex<Option<Instant>>>,
+    /// Why loading failed, if it did.
+    failed: Arc<Mutex<Option<String>>>,
+    /// Notified once in-flight work is done (or the drain timed out).
+    closing: Arc<Notify>,
+}
+
+impl Drain {
+    /// Waits for the state (or a shutdown first), serves it, and on shutdown drains: still
+    /// accepting, /health says 503, new work gets 503, running work finishes until the
+    /// deadline. Returning closes the listener.
+    async fn run<E: std::fmt::Display + 'static>(
+        self,
+        slot: Slot,
+        address: Option<std::net::SocketAddr>,
+        ready: impl Future<Output = Result<SharedState, E>>,
+        shutdown: impl Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        let state = tokio::select! {
+            _ = &mut shutdown => return,
+            r = ready => match r {
+                Ok(state) => state,
+                Err(e) => {
+                    *lock(&self.failed) = Some(e.to_string());
+                    return;
+                }
+            },
+        };
+        if slot.get().is_none() {
+            let _ = slot.set((state.clone(), router(state.clone())));
+        }
+        match address {
+            Some(address) => tracing::info!(%address, model = state.model_name(), "serving"),
+            None => tracing::info!(model = state.model_name(), "serving"),
+        }
+        shutdown.await;
+        let timeout = state.config.drain_timeout;
+        let until = Instant::now() + timeout;
+        *lock(&self.deadline) = Some(until);
+        state.start_draining();
+        tracing::info!(
+            timeout_s = timeout.as_secs_f64(),
+            in_flight = state.in_flight(),
+            "shutting down: draining in-flight requests"
+        );
+        while state.in_flight() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.closing.notify_one();
     }
 }
 

@@ -20,7 +20,7 @@ use tokenmill_tokenizer::Tokenizer;
 use tokio::sync::Semaphore;
 
 use crate::error::ApiError;
-use crate::grpc::RemoteTokenizer;
+use crate::grpc::client::RemoteTokenizer;
 
 #[derive(Clone)]
 pub struct TokenizerPool {

@@ -82,14 +82,54 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         ));
     }
 
+    let stop = stop_tokens(&inner, eos, &gen_config, vocab_size);
+    let decoding = decoding(&inner, &json, &vocab);
+    let chat_template = match template_source(dir, &config)? {
+        Some(src) => {
+            let text_of = |id: Option<u32>| id.and_then(|id| inner.id_to_token(id));
+            match ChatTemplate::new(&src, text_of(bos), text_of(eos)) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    warnings.push(format!("chat template unusable: {e}"));
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+
+    Ok(Tokenizer {
+        inner,
+        decoding,
+        vocab_size,
+        specials: SpecialTokens {
+            bos,
+            eos,
+            add_bos,
+            add_eos,
+            stop,
+        },
+        hf_post_processor,
+        chat_template,
+        warnings,
+    })
+}
+
+/// The stop tokens: EOS, `generation_config.json`'s `eos_token_id`s (in the vocabulary), and
+/// the special tokens among llama.cpp's end-of-generation texts; each once.
+fn stop_tokens(
+    inner: &HfTokenizer,
+    eos: Option<u32>,
+    gen_config: &Value,
+    vocab_size: usize,
+) -> Vec<u32> {
     let added = inner.get_added_vocabulary();
     let is_special_id = |id: u32| {
         inner
             .id_to_token(id)
             .is_some_and(|t| added.is_special_token(&t))
     };
-    let mut stop = Vec::new();
-    let gen_eos = match gen_config.get("eos_token_id") {
+    let gen_eos: Vec<u64> = match gen_config.get("eos_token_id") {
         Some(Value::Array(ids)) => ids.iter().filter_map(Value::as_u64).collect(),
         Some(v) => v.as_u64().into_iter().collect(),
         None => Vec::new(),
@@ -102,24 +142,38 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         .iter()
         .filter_map(|t| inner.token_to_id(t))
         .filter(|&id| is_special_id(id));
+    let mut stop = Vec::new();
     for id in eos.into_iter().chain(gen_eos).chain(eog) {
         if !stop.contains(&id) {
             stop.push(id);
         }
     }
+    stop
+}
 
-    let decoding = match json.get("decoder").and_then(piece_style) {
+/// Our own piece table where the decoder is one we know; HF's decoder otherwise.
+fn decoding(
+    inner: &HfTokenizer,
+    json: &Value,
+    vocab: &std::collections::HashMap<String, u32>,
+) -> Decoding {
+    let added = inner.get_added_vocabulary();
+    match json.get("decoder").and_then(piece_style) {
         Some((style, strip)) => {
             let mut pieces = PieceTable::new(strip);
-            for (token, &id) in &vocab {
+            for (token, &id) in vocab {
                 pieces.set(id, piece_bytes(style, token), added.is_special_token(token));
             }
             Decoding::Pieces(pieces)
         }
         None => Decoding::Hf,
-    };
+    }
+}
 
-    let template_source = match config.get("chat_template") {
+/// The chat template: `tokenizer_config.json`'s (a string, or the `default` of a named list),
+/// else `chat_template.jinja` beside it.
+fn template_source(dir: &Path, config: &Value) -> Result<Option<String>, TokenizerError> {
+    Ok(match config.get("chat_template") {
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Array(list)) => {
             let named = |name: Option<&str>| {
@@ -139,33 +193,6 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
                 Err(source) => return Err(TokenizerError::Io { path, source }),
             }
         }
-    };
-    let text_of = |id: Option<u32>| id.and_then(|id| inner.id_to_token(id));
-    let chat_template = match template_source {
-        Some(src) => match ChatTemplate::new(&src, text_of(bos), text_of(eos)) {
-            Ok(t) => Some(t),
-            Err(e) => {
-                warnings.push(format!("chat template unusable: {e}"));
-                None
-            }
-        },
-        None => None,
-    };
-
-    Ok(Tokenizer {
-        inner,
-        decoding,
-        vocab_size,
-        specials: SpecialTokens {
-            bos,
-            eos,
-            add_bos,
-            add_eos,
-            stop,
-        },
-        hf_post_processor,
-        chat_template,
-        warnings,
     })
 }
 

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use tokenmill_engine::{
-    EngineConfig, FinishReason, KvCacheMemory, RequestParams, SamplingParams, StreamEvent,
+    EngineConfig, FinishReason, KvCacheMemory, KvDtype, RequestParams, SamplingParams, StreamEvent,
 };
 use tokenmill_model::Model;
 use tokenmill_tokenizer::{ChatMessage, Tokenizer};
@@ -83,41 +83,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         );
     }
     let max_tokens = args.max_tokens.min(context_length - prompt_ids.len());
-    let len = prompt_ids.len() + max_tokens;
-    let dtype = args.kv_cache_dtype.into();
-    let kv_bytes = model
-        .kv_shape()
-        .bytes_per_block(BLOCK_SIZE, model.kv_elem_bytes(dtype))
-        * len.div_ceil(BLOCK_SIZE);
-    let config = EngineConfig {
-        max_num_seqs: 1,
-        // The whole prompt in one step, as one prefill chunk.
-        max_num_batched_tokens: prompt_ids.len().max(1),
-        max_model_len: Some(len),
-        kv_cache_memory: KvCacheMemory::Bytes(kv_bytes as u64),
-        kv_cache_dtype: dtype,
-        block_size: BLOCK_SIZE,
-        ..EngineConfig::default()
-    };
+    let config = engine_config(
+        &model,
+        prompt_ids.len(),
+        max_tokens,
+        args.kv_cache_dtype.into(),
+    );
     let engine = tokenmill_engine::launch(&config, model)?;
-    let params = RequestParams {
-        max_tokens: Some(max_tokens),
-        eos_token_id: tokenizer.eos_token_id(),
-        stop_token_ids: if args.ignore_eos {
-            Vec::new()
-        } else {
-            tokenizer.stop_token_ids().to_vec()
-        },
-        ignore_eos: args.ignore_eos,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            seed: args.seed,
-            ..SamplingParams::default()
-        },
-        ..RequestParams::default()
-    };
+    let params = request_params(&args, &tokenizer, max_tokens);
     let num_prompt = prompt_ids.len();
     let t0 = Instant::now();
     let mut stream = engine.handle.submit(prompt_ids, params);
@@ -153,6 +126,51 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         decode_steps as f64 / decode.as_secs_f64().max(1e-9),
     );
     Ok(())
+}
+
+/// The request: the sampling flags, and the model's stop tokens unless `--ignore-eos`.
+fn request_params(args: &GenerateArgs, tokenizer: &Tokenizer, max_tokens: usize) -> RequestParams {
+    RequestParams {
+        max_tokens: Some(max_tokens),
+        eos_token_id: tokenizer.eos_token_id(),
+        stop_token_ids: if args.ignore_eos {
+            Vec::new()
+        } else {
+            tokenizer.stop_token_ids().to_vec()
+        },
+        ignore_eos: args.ignore_eos,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+            ..SamplingParams::default()
+        },
+        ..RequestParams::default()
+    }
+}
+
+/// An engine for this one request: one sequence, the whole prompt in one step, and a KV
+/// cache just large enough for prompt and output.
+fn engine_config(
+    model: &Model,
+    prompt_len: usize,
+    max_tokens: usize,
+    dtype: KvDtype,
+) -> EngineConfig {
+    let len = prompt_len + max_tokens;
+    let block = model
+        .kv_shape()
+        .bytes_per_block(BLOCK_SIZE, model.kv_elem_bytes(dtype));
+    EngineConfig {
+        max_num_seqs: 1,
+        max_num_batched_tokens: prompt_len.max(1),
+        max_model_len: Some(len),
+        kv_cache_memory: KvCacheMemory::Bytes((block * len.div_ceil(BLOCK_SIZE)) as u64),
+        kv_cache_dtype: dtype,
+        block_size: BLOCK_SIZE,
+        ..EngineConfig::default()
+    }
 }
 
 /// The prompt's token ids: the text as is, or as a user message in the model's chat template.

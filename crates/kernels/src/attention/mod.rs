@@ -33,7 +33,6 @@
 //! thread and its size never depends on which threads happened to run.
 
 mod decode;
-mod elem;
 mod paged;
 mod plan;
 mod prefill;
@@ -42,8 +41,8 @@ pub mod reference;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+pub use crate::kv_elem::{KvDtype, KvElem};
 pub use crate::simd::attn::KEY_TILE;
-pub use elem::{KvDtype, KvElem};
 pub use half::f16;
 pub use paged::{KvLayout, PagedKv, PagedKvMut, RopeAt};
 pub use plan::{AttnScratch, MAX_SEGS, SEG_MIN_KEYS, segments};

@@ -21,7 +21,7 @@
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
 //! kernels never let them reach a result.
 
-use super::elem::{KvElem, cast_buf};
+use crate::kv_elem::{KvElem, cast_buf};
 use crate::ops::{RopeStyle, rope_pair};
 use crate::simd::attn::KEY_TILE;
 

@@ -27,13 +27,13 @@
 //! inside the kernel, or which thread runs it — the property that lets the prefill and
 //! decode paths of [`crate::attention`] agree bit for bit.
 
-use crate::attention::KvElem;
+use crate::kv_elem::KvElem;
 
 /// Keys per attention tile: one AVX-512 register (two AVX2 registers) of scores.
 pub const KEY_TILE: usize = 16;
 
 /// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`]. Keys and
-/// values are elements of `E` (f32 or f16, [`crate::attention::KvElem`]), widened to f32
+/// values are elements of `E` (f32 or f16, [`crate::kv_elem::KvElem`]), widened to f32
 /// exactly as they are loaded; everything else is f32.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnTile<E = f32> {

@@ -127,3 +127,17 @@ pub struct TierFns {
     /// SiLU-gated product.
     pub silu_mul: attn::SiluMulFn,
 }
+
+impl TierFns {
+    /// The attention tile kernel over a K/V store of `E` (`attn_tile` or `attn_tile_f16`).
+    pub fn attn_tile_for<E: crate::kv_elem::KvElem>(&self) -> attn::AttnTileFn<E> {
+        use std::any::Any;
+        // `KvElem` is sealed to f32 and f16, so one of the two downcasts succeeds.
+        let f32_tile: &dyn Any = &self.attn_tile;
+        let f16_tile: &dyn Any = &self.attn_tile_f16;
+        *f32_tile
+            .downcast_ref::<attn::AttnTileFn<E>>()
+            .or_else(|| f16_tile.downcast_ref::<attn::AttnTileFn<E>>())
+            .expect("KvElem is implemented for f32 and f16 only")
+    }
+}

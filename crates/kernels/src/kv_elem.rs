@@ -4,7 +4,7 @@
 //! Attention reads K and V from memory once per step, so in batched decode it is bound by the
 //! cache's bytes; f16 halves them (llama.cpp's default `-ctk f16 -ctv f16`, vLLM's
 //! `--kv-cache-dtype`). Keys and values are rounded to f16 (round to nearest, ties to even)
-//! when written ([`super::PagedKvMut::write`]: K after RoPE) and widened back to f32 exactly
+//! when written ([`crate::attention::PagedKvMut::write`]: K after RoPE) and widened back to f32 exactly
 //! as the kernels load them (x86: F16C `vcvtph2ps` / AVX-512 `vcvtph2ps zmm`); every
 //! operation after the load is the f32 kernel's, in the same canonical order. So an f16 run is
 //! the f32 kernel over the f16-rounded cache, bit for bit (`tests/attention.rs` checks it),
@@ -13,15 +13,14 @@
 //! One generic code path over the element type: the store, the views, the write, the tile
 //! gather and the kernels are generic over [`KvElem`] (implemented for `f32` and `f16` only),
 //! and the SIMD kernels over "load one vector of lanes of `E` as f32"
-//! (`simd::x86::attn::LoadKv`).
+//! (`simd::x86::attn::LoadKv`). This module sits below both the attention code and the SIMD
+//! kernels (it depends on neither); the tier table picks a tile kernel per element type
+//! (`TierFns::attn_tile_for`).
 
 use std::fmt;
 use std::str::FromStr;
 
 use half::f16;
-
-use crate::simd::TierFns;
-use crate::simd::attn::AttnTileFn;
 
 /// What a K/V cache stores per element.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -72,13 +71,10 @@ impl FromStr for KvDtype {
 }
 
 mod sealed {
-    use super::{AttnTileFn, TierFns};
-
-    /// The crate-private half of [`super::KvElem`] (which is sealed by it).
-    pub trait Sealed: Sized {
-        /// The attention tile kernel of a tier table for this element type.
-        fn tile_fn(fns: &TierFns) -> AttnTileFn<Self>;
-    }
+    /// Seals [`super::KvElem`]: only `f32` and `f16` implement it.
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
 }
 
 /// An element type of the paged K/V store: `f32` or `f16` (sealed).
@@ -102,12 +98,6 @@ impl KvElem for f32 {
     }
 }
 
-impl sealed::Sealed for f32 {
-    fn tile_fn(fns: &TierFns) -> AttnTileFn<Self> {
-        fns.attn_tile
-    }
-}
-
 impl KvElem for f16 {
     const DTYPE: KvDtype = KvDtype::F16;
     #[inline(always)]
@@ -117,12 +107,6 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
-    }
-}
-
-impl sealed::Sealed for f16 {
-    fn tile_fn(fns: &TierFns) -> AttnTileFn<Self> {
-        fns.attn_tile_f16
     }
 }
 
