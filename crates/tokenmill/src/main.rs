@@ -5,12 +5,10 @@ mod bench_engine;
 mod bench_model;
 mod engine_args;
 mod generate;
-mod hf_vocab;
 mod inspect;
 mod model_path;
 mod profile;
 mod quantize;
-mod quantize_hf;
 mod serve;
 
 use std::path::PathBuf;
