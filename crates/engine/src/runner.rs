@@ -15,6 +15,7 @@
 //! head — and its outputs are discarded.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokenmill_model::{KvDtype, LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
 
@@ -42,7 +43,8 @@ pub struct StepResult {
 
 /// What the runner keeps of a request between its first step and its end.
 struct RunnerRequest {
-    prompt: Vec<u32>,
+    /// Shared with the `NewRequest` that brought it (no copy).
+    prompt: Arc<[u32]>,
     params: RequestParams,
     sampler: Sampler,
 }
@@ -112,7 +114,7 @@ impl ModelRunner {
     fn add_request(&mut self, r: &NewRequest) {
         let sampler = Sampler::with_prompt(r.params.sampling.clone(), &r.prompt);
         let state = RunnerRequest {
-            prompt: r.prompt.clone(),
+            prompt: Arc::clone(&r.prompt),
             params: r.params.clone(),
             sampler,
         };
@@ -275,7 +277,7 @@ mod tests {
     fn new_request(id: u64, params: RequestParams) -> NewRequest {
         NewRequest {
             req_id: RequestId(id),
-            prompt: PROMPT.to_vec(),
+            prompt: PROMPT.as_slice().into(),
             params,
         }
     }

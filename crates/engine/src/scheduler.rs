@@ -673,7 +673,7 @@ impl Scheduler {
                 req.announced = true;
                 out.new_requests.push(NewRequest {
                     req_id: id,
-                    prompt: req.prompt().to_vec(),
+                    prompt: req.prompt().into(),
                     params: req.params.clone(),
                 });
             }

@@ -11,7 +11,8 @@
 //!   Token ids and block tables live in two flat buffers owned by the output, so a caller
 //!   that keeps one `SchedulerOutput` and passes it to
 //!   [`Scheduler::schedule_into`](crate::scheduler::Scheduler::schedule_into) every step
-//!   allocates nothing once the buffers have grown (a new request's prompt is copied once).
+//!   allocates nothing once the buffers have grown (a new request's prompt is copied once, into
+//!   the shared slice the runner keeps).
 //!
 //! What comes back, [`Scheduler::update_from_output`](crate::scheduler::Scheduler::update_from_output),
 //! is one complete [`RequestOutput`] per delivered token.
@@ -21,6 +22,7 @@
 //! `block_table(c)` covers positions `< c.start_pos + c.num_tokens`; a chunk with `sample`
 //! ends at its request's last known token, and its logits are `Last` or `All`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokenmill_model::{LogitsWanted, SeqChunk};
@@ -33,7 +35,8 @@ use crate::sla::StepFeatures;
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewRequest {
     pub req_id: RequestId,
-    pub prompt: Vec<u32>,
+    /// The runner keeps this (a shared slice: one copy of the prompt, made here).
+    pub prompt: Arc<[u32]>,
     pub params: RequestParams,
 }
 
