@@ -96,9 +96,11 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         let o = median(args.repetitions, || pp(&model, dtype, n, &mut rng));
         report(&format!("pp{n}"), &o);
     }
+    let mut tg = Vec::new();
     for &n in &args.generate {
         let o = median(args.repetitions, || bd(&model, dtype, 1, 0, n, &mut rng));
         report(&format!("tg{n}"), &o);
+        tg.push((n, o));
     }
     for &b in &args.batch {
         let o = median(args.repetitions, || {
@@ -113,7 +115,33 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         });
         report(&format!("bd{b}x{}", args.batched_generate), &o);
     }
+    if let Some(m) = llama(&model) {
+        report_read_roof(&tg, matmul_weight_bytes(m));
+    }
     Ok(())
+}
+
+/// Single-stream decode against the machine's read bandwidth: each tgN step streams the
+/// weights once, so the measured streaming-read rate over a buffer of the weights' size
+/// (the profiler's roofline probe, on the same threads) bounds its tok/s.
+fn report_read_roof(tg: &[(usize, Outcome)], weight_bytes: f64) {
+    if tg.is_empty() {
+        return;
+    }
+    let threads = tokenmill_kernels::pool::global().num_threads();
+    let roof = tokenmill_profiler::roofline::mem_read_gbps(threads, weight_bytes as usize);
+    for (n, o) in tg {
+        let Some(bytes) = o.bytes else { continue };
+        let secs = o.time.as_secs_f64();
+        let (gbps, per_token) = (bytes / secs / 1e9, bytes / o.tokens.max(1) as f64);
+        println!(
+            "tg{n}: {gbps:.1} GB/s = {:.0}% of the read roof ({roof:.1} GB/s: a {:.0} MiB streaming \
+             read on {threads} threads), whose ceiling is {:.0} tok/s",
+            100.0 * gbps / roof,
+            weight_bytes / 1048576.0,
+            roof * 1e9 / per_token,
+        );
+    }
 }
 
 fn median(reps: usize, mut f: impl FnMut() -> anyhow::Result<Outcome>) -> Outcome {
