@@ -12,7 +12,7 @@
 
 mod counting_alloc;
 
-use counting_alloc::{Counting, allocations_during};
+use counting_alloc::{Counting, decode_step_allocations};
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::{KvCache, KvDtype, LlamaModel, LogitsWanted, SeqChunk};
@@ -67,29 +67,19 @@ fn decode_allocations(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> 
     for (s, n) in next.iter_mut().enumerate() {
         *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
     }
-    let mut pos = prompt_lens;
-    let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
-        let toks = *next;
-        let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
-            tokens: std::slice::from_ref(&toks[s]),
-            start_pos: pos[s],
-            block_table: &tables[s],
-            logits: LogitsWanted::Last,
-        });
-        let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
-        for (s, n) in next.iter_mut().enumerate() {
-            *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
-            pos[s] += 1;
-        }
-    };
-    for _ in 0..WARM_UP {
-        step(&mut next, &mut pos);
-    }
-    allocations_during(|| {
-        for _ in 0..STEPS {
-            step(&mut next, &mut pos);
-        }
-    })
+    decode_step_allocations(
+        next,
+        prompt_lens,
+        &tables,
+        WARM_UP,
+        STEPS,
+        |chunks, next| {
+            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+            for (s, n) in next.iter_mut().enumerate() {
+                *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
+            }
+        },
+    )
 }
 
 #[test]

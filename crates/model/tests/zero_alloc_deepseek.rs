@@ -14,7 +14,7 @@
 
 mod counting_alloc;
 
-use counting_alloc::{Counting, allocations_during};
+use counting_alloc::{Counting, decode_step_allocations};
 
 use tokenmill_model::deepseek::DeepSeekModel;
 use tokenmill_model::{LogitsWanted, SeqChunk};
@@ -54,30 +54,20 @@ fn decode_allocations(model: &DeepSeekModel, block_size: usize) -> usize {
         })
         .collect();
     let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
-    let mut next: [u32; B] = std::array::from_fn(|s| argmax(&logits[s * vocab..][..vocab]));
-    let mut pos = prompt_lens;
-    let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
-        let toks = *next;
-        let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
-            tokens: std::slice::from_ref(&toks[s]),
-            start_pos: pos[s],
-            block_table: &tables[s],
-            logits: LogitsWanted::Last,
-        });
-        let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
-        for (s, n) in next.iter_mut().enumerate() {
-            *n = argmax(&logits[s * vocab..][..vocab]);
-            pos[s] += 1;
-        }
-    };
-    for _ in 0..WARM_UP {
-        step(&mut next, &mut pos);
-    }
-    allocations_during(|| {
-        for _ in 0..STEPS {
-            step(&mut next, &mut pos);
-        }
-    })
+    let next: [u32; B] = std::array::from_fn(|s| argmax(&logits[s * vocab..][..vocab]));
+    decode_step_allocations(
+        next,
+        prompt_lens,
+        &tables,
+        WARM_UP,
+        STEPS,
+        |chunks, next| {
+            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+            for (s, n) in next.iter_mut().enumerate() {
+                *n = argmax(&logits[s * vocab..][..vocab]);
+            }
+        },
+    )
 }
 
 #[test]

@@ -1,10 +1,12 @@
-//! A global allocator that counts allocations while counting is on, for the zero-allocation
-//! tests. Each test binary that uses it installs it (`#[global_allocator] static GLOBAL:
+//! A global allocator that counts allocations while counting is on, and the decode-step
+//! driver both zero-allocation tests count over. Each test binary that uses it installs it (`#[global_allocator] static GLOBAL:
 //! Counting = Counting;`) and must hold exactly one test, so no other test allocates while it
 //! counts.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokenmill_model::{LogitsWanted, SeqChunk};
 
 pub struct Counting;
 
@@ -46,4 +48,36 @@ pub fn allocations_during(f: impl FnOnce()) -> usize {
     f();
     COUNTING.store(false, Ordering::SeqCst);
     ALLOCATIONS.load(Ordering::SeqCst)
+}
+
+/// Greedy decode steps of a batch of `B` sequences, one token each: `forward` runs the chunks
+/// and writes each sequence's next token into its second argument. After `warm_up` steps,
+/// returns the allocations of the next `steps` steps.
+pub fn decode_step_allocations<const B: usize>(
+    mut next: [u32; B],
+    mut pos: [usize; B],
+    tables: &[Vec<u32>],
+    warm_up: usize,
+    steps: usize,
+    mut forward: impl FnMut(&[SeqChunk<'_>], &mut [u32; B]),
+) -> usize {
+    let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
+        let toks = *next;
+        let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
+            tokens: std::slice::from_ref(&toks[s]),
+            start_pos: pos[s],
+            block_table: &tables[s],
+            logits: LogitsWanted::Last,
+        });
+        forward(&chunks, next);
+        pos.iter_mut().for_each(|p| *p += 1);
+    };
+    for _ in 0..warm_up {
+        step(&mut next, &mut pos);
+    }
+    allocations_during(|| {
+        for _ in 0..steps {
+            step(&mut next, &mut pos);
+        }
+    })
 }
