@@ -15,7 +15,7 @@ mod counting_alloc;
 use counting_alloc::{Counting, decode_step_allocations};
 
 use tokenmill_gguf::GgufFile;
-use tokenmill_model::{KvCache, KvDtype, LlamaModel, LogitsWanted, SeqChunk};
+use tokenmill_model::{KvCache, KvDtype, LlamaModel};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -54,32 +54,12 @@ fn decode_allocations(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> 
         .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
         .collect();
     let mut ws = model.workspace(128 + 64, B);
-    let chunks: Vec<SeqChunk> = (0..B)
-        .map(|s| SeqChunk {
-            tokens: &prompts[s],
-            start_pos: 0,
-            block_table: &tables[s],
-            logits: LogitsWanted::Last,
-        })
-        .collect();
-    let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
-    let mut next = [0u32; B];
-    for (s, n) in next.iter_mut().enumerate() {
-        *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
-    }
-    decode_step_allocations(
-        next,
-        prompt_lens,
-        &tables,
-        WARM_UP,
-        STEPS,
-        |chunks, next| {
-            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
-            for (s, n) in next.iter_mut().enumerate() {
-                *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
-            }
-        },
-    )
+    decode_step_allocations::<B>(&prompts, &tables, WARM_UP, STEPS, |chunks, next| {
+        let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+        for (s, n) in next.iter_mut().enumerate() {
+            *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
+        }
+    })
 }
 
 #[test]

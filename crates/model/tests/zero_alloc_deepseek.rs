@@ -17,7 +17,6 @@ mod counting_alloc;
 use counting_alloc::{Counting, decode_step_allocations};
 
 use tokenmill_model::deepseek::DeepSeekModel;
-use tokenmill_model::{LogitsWanted, SeqChunk};
 use tokenmill_testutil::argmax;
 
 #[global_allocator]
@@ -45,29 +44,12 @@ fn decode_allocations(model: &DeepSeekModel, block_size: usize) -> usize {
         .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
         .collect();
     let mut ws = model.workspace(prompt_lens.iter().sum(), B);
-    let chunks: Vec<SeqChunk> = (0..B)
-        .map(|s| SeqChunk {
-            tokens: &prompts[s],
-            start_pos: 0,
-            block_table: &tables[s],
-            logits: LogitsWanted::Last,
-        })
-        .collect();
-    let logits = model.forward(&chunks, &mut kv, &mut ws).unwrap();
-    let next: [u32; B] = std::array::from_fn(|s| argmax(&logits[s * vocab..][..vocab]));
-    decode_step_allocations(
-        next,
-        prompt_lens,
-        &tables,
-        WARM_UP,
-        STEPS,
-        |chunks, next| {
-            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
-            for (s, n) in next.iter_mut().enumerate() {
-                *n = argmax(&logits[s * vocab..][..vocab]);
-            }
-        },
-    )
+    decode_step_allocations::<B>(&prompts, &tables, WARM_UP, STEPS, |chunks, next| {
+        let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+        for (s, n) in next.iter_mut().enumerate() {
+            *n = argmax(&logits[s * vocab..][..vocab]);
+        }
+    })
 }
 
 #[test]

@@ -50,17 +50,27 @@ pub fn allocations_during(f: impl FnOnce()) -> usize {
     ALLOCATIONS.load(Ordering::SeqCst)
 }
 
-/// Greedy decode steps of a batch of `B` sequences, one token each: `forward` runs the chunks
-/// and writes each sequence's next token into its second argument. After `warm_up` steps,
-/// returns the allocations of the next `steps` steps.
+/// A batch of `B` sequences prefilled with `prompts` in one forward, then greedy decode
+/// steps of one token each: `forward` runs the chunks and writes each sequence's next token
+/// into its second argument. After `warm_up` decode steps, returns the allocations of the
+/// next `steps`.
 pub fn decode_step_allocations<const B: usize>(
-    mut next: [u32; B],
-    mut pos: [usize; B],
+    prompts: &[Vec<u32>],
     tables: &[Vec<u32>],
     warm_up: usize,
     steps: usize,
     mut forward: impl FnMut(&[SeqChunk<'_>], &mut [u32; B]),
 ) -> usize {
+    assert_eq!((prompts.len(), tables.len()), (B, B));
+    let mut next = [0u32; B];
+    let prefill: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
+        tokens: &prompts[s],
+        start_pos: 0,
+        block_table: &tables[s],
+        logits: LogitsWanted::Last,
+    });
+    forward(&prefill, &mut next);
+    let mut pos: [usize; B] = std::array::from_fn(|s| prompts[s].len());
     let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
         let toks = *next;
         let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
