@@ -267,6 +267,7 @@ impl EngineLoop {
         let StepResult {
             sampled,
             prompt_logprobs,
+            failed,
         } = match self.runner.execute(&self.out) {
             Ok(r) => r,
             Err(e) => {
@@ -283,6 +284,7 @@ impl EngineLoop {
         // Stats first, so a client that sees its last token also sees its blocks freed.
         self.publish_stats(executed);
         self.send(prompt_logprobs, outputs);
+        self.fail_requests(failed);
         drop(update);
         if step.is_recording() {
             self.trace_step(&mut step);
@@ -347,6 +349,17 @@ impl EngineLoop {
                 // The client went away: cancel.
                 self.scheduler.abort(req_id);
                 self.senders.remove(&req_id);
+            }
+        }
+    }
+
+    /// Requests the runner could not sample for (their output constraint failed): abort
+    /// them and tell their clients why.
+    fn fail_requests(&mut self, failed: Vec<(RequestId, EngineError)>) {
+        for (id, e) in failed {
+            self.scheduler.abort(id);
+            if let Some(tx) = self.senders.remove(&id) {
+                let _ = tx.send(StreamEvent::Error(e));
             }
         }
     }

@@ -39,6 +39,10 @@ pub enum EngineError {
         "invalid KV cache memory '{0}': expected bytes (e.g. 4GiB, 512MiB, 1000000) or a fraction in (0, 1]"
     )]
     InvalidKvCacheMemory(String),
+    /// A request's output constraint failed mid-generation (a grammar over its step limits,
+    /// or one that allows no token at all).
+    #[error("request {id}: the output constraint failed: {message}")]
+    Constraint { id: RequestId, message: String },
     /// The forward pass refused a batch (a bug in the engine, not in the request).
     #[error("model error: {0}")]
     Model(String),

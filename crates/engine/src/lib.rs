@@ -11,6 +11,7 @@
 
 pub mod block_hash;
 pub mod block_pool;
+pub mod constraint;
 pub mod engine;
 pub mod error;
 pub mod kv_manager;
@@ -25,6 +26,7 @@ pub mod scheduler_output;
 pub mod sla;
 
 pub use block_pool::{BlockId, BlockPool};
+pub use constraint::{Constraint, ConstraintState, OutputConstraint, TokenMask};
 pub use engine::{EngineHandle, EngineStats, RequestStream, StreamEvent, start};
 pub use error::EngineError;
 pub use kv_manager::{KvCacheManager, PrefixCacheStats};

@@ -13,6 +13,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::block_hash::{BlockHash, extend_block_hashes};
+use crate::constraint::Constraint;
 use crate::sampler::SamplingParams;
 
 /// Engine-wide request id (assigned by the caller, unique among live requests).
@@ -62,6 +63,9 @@ pub struct RequestParams {
     /// hits for this request: cached tokens would have no logits.
     pub prompt_logprobs: bool,
     pub sampling: SamplingParams,
+    /// Structured output: only tokens the constraint allows are sampled, and the output
+    /// ends when the constraint is complete.
+    pub constraint: Option<Constraint>,
 }
 
 impl Default for RequestParams {
@@ -75,6 +79,7 @@ impl Default for RequestParams {
             priority: 0,
             prompt_logprobs: false,
             sampling: SamplingParams::default(),
+            constraint: None,
         }
     }
 }
@@ -176,21 +181,28 @@ impl Request {
     }
 
     /// Appends a sampled token and returns why the request is now finished, if it is.
+    /// Appends a sampled token; `complete`: the request's output constraint allows nothing
+    /// after it.
     pub(crate) fn append_output(
         &mut self,
         token: u32,
+        complete: bool,
         block_size: usize,
         max_model_len: usize,
     ) -> Option<FinishReason> {
         self.token_ids.push(token);
         extend_block_hashes(&mut self.block_hashes, &self.token_ids, block_size);
-        self.check_stop(token, max_model_len)
+        self.check_stop(token, complete, max_model_len)
     }
 
-    /// Stop conditions after `token` was appended, in order: stop tokens and EOS (only once
-    /// `min_tokens` are out; EOS unless `ignore_eos`), then `max_tokens` and the model length.
-    fn check_stop(&self, token: u32, max_model_len: usize) -> Option<FinishReason> {
+    /// Stop conditions after `token` was appended, in order: a complete output constraint,
+    /// stop tokens and EOS (only once `min_tokens` are out; EOS unless `ignore_eos`), then
+    /// `max_tokens` and the model length.
+    fn check_stop(&self, token: u32, complete: bool, max_model_len: usize) -> Option<FinishReason> {
         let p = &self.params;
+        if complete {
+            return Some(FinishReason::Stop);
+        }
         if self.num_output_tokens() >= p.min_tokens {
             let eos = !p.ignore_eos && p.eos_token_id == Some(token);
             if eos || p.stop_token_ids.contains(&token) {
@@ -223,16 +235,16 @@ mod tests {
             ..Default::default()
         };
         let mut r = req(params.clone());
-        assert_eq!(r.append_output(0, 4, 100), None, "EOS before min_tokens");
-        assert_eq!(r.append_output(0, 4, 100), Some(FinishReason::Stop));
+        assert_eq!(r.append_output(0, false, 4, 100), None, "EOS before min_tokens");
+        assert_eq!(r.append_output(0, false, 4, 100), Some(FinishReason::Stop));
         let mut r = req(RequestParams {
             ignore_eos: true,
             ..params
         });
         for _ in 0..9 {
-            assert_eq!(r.append_output(0, 4, 100), None);
+            assert_eq!(r.append_output(0, false, 4, 100), None);
         }
-        assert_eq!(r.append_output(0, 4, 100), Some(FinishReason::Length));
+        assert_eq!(r.append_output(0, false, 4, 100), Some(FinishReason::Length));
         assert_eq!(r.output(), &[0; 10]);
     }
 
@@ -244,8 +256,8 @@ mod tests {
             eos_token_id: Some(0),
             ..Default::default()
         });
-        assert_eq!(r.append_output(0, 4, 100), None);
-        assert_eq!(r.append_output(7, 4, 100), Some(FinishReason::Stop));
+        assert_eq!(r.append_output(0, false, 4, 100), None);
+        assert_eq!(r.append_output(7, false, 4, 100), Some(FinishReason::Stop));
     }
 
     #[test]
@@ -254,21 +266,32 @@ mod tests {
             max_tokens: Some(2),
             ..Default::default()
         });
-        assert_eq!(r.append_output(5, 4, 100), None);
-        assert_eq!(r.append_output(5, 4, 100), Some(FinishReason::Length));
+        assert_eq!(r.append_output(5, false, 4, 100), None);
+        assert_eq!(r.append_output(5, false, 4, 100), Some(FinishReason::Length));
         let mut r = req(RequestParams {
             max_tokens: None,
             ..Default::default()
         });
-        assert_eq!(r.append_output(5, 4, 5), None);
-        assert_eq!(r.append_output(5, 4, 5), Some(FinishReason::Length));
+        assert_eq!(r.append_output(5, false, 4, 5), None);
+        assert_eq!(r.append_output(5, false, 4, 5), Some(FinishReason::Length));
         // A stop token on the last allowed step reports Stop.
         let mut r = req(RequestParams {
             max_tokens: Some(1),
             stop_token_ids: vec![9],
             ..Default::default()
         });
-        assert_eq!(r.append_output(9, 4, 100), Some(FinishReason::Stop));
+        assert_eq!(r.append_output(9, false, 4, 100), Some(FinishReason::Stop));
+    }
+
+    #[test]
+    fn a_complete_constraint_stops_even_before_min_tokens_and_with_ignore_eos() {
+        let mut r = req(RequestParams {
+            min_tokens: 5,
+            ignore_eos: true,
+            ..Default::default()
+        });
+        assert_eq!(r.append_output(3, false, 4, 100), None);
+        assert_eq!(r.append_output(3, true, 4, 100), Some(FinishReason::Stop));
     }
 
     #[test]
@@ -276,7 +299,7 @@ mod tests {
         let mut r = req(RequestParams::default());
         extend_block_hashes(&mut r.block_hashes, &r.token_ids, 2);
         assert_eq!(r.block_hashes.len(), 1);
-        r.append_output(4, 2, 100);
+        r.append_output(4, false, 2, 100);
         assert_eq!(r.block_hashes.len(), 2);
         assert_eq!(r.token_ids(), &[1, 2, 3, 4]);
         assert_eq!(r.num_uncomputed_tokens(), 4);

@@ -8,6 +8,13 @@
 //! its random stream unchanged. Everything it reads comes from the [`SchedulerOutput`]: the
 //! runner knows nothing of the scheduler.
 //!
+//! A request with an output constraint also keeps its [`ConstraintState`] and a token mask.
+//! When such a request samples in a step, its mask is filled on a scoped helper thread while
+//! the forward pass runs (the pool's workers never wait for a thread that is not working, so
+//! the helper costs the forward little); the mask then cuts the logits before sampling, and
+//! the sampled token advances the state. A state that fails, or allows no token, fails that
+//! request alone ([`StepResult::failed`]).
+//!
 //! The KV storage has one block more than the scheduler hands out: the scratch block that
 //! static batching's pad rows write to. A pad row (`PadChunk`) runs at its padded position
 //! over a block table that repeats the scratch block, so it costs what a padded slot costs —
@@ -19,6 +26,7 @@ use std::sync::Arc;
 
 use tokenmill_model::{KvDtype, LogitsWanted, Model, ModelKv, SeqChunk, Workspace};
 
+use crate::constraint::{ConstraintState, TokenMask};
 use crate::error::EngineError;
 use crate::request::{RequestId, RequestParams};
 use crate::sampler::{MAX_LOGPROBS, Sampled, Sampler, top_logprobs};
@@ -39,6 +47,8 @@ pub struct StepResult {
     pub sampled: Vec<(RequestId, Sampled)>,
     /// Per request with prompt logprobs: those of prompt tokens `start..start + n`.
     pub prompt_logprobs: Vec<(RequestId, usize, Vec<PromptLogprob>)>,
+    /// Requests whose output constraint failed this step (they sampled nothing).
+    pub failed: Vec<(RequestId, EngineError)>,
 }
 
 /// What the runner keeps of a request between its first step and its end.
@@ -47,6 +57,33 @@ struct RunnerRequest {
     prompt: Arc<[u32]>,
     params: RequestParams,
     sampler: Sampler,
+    constraint: Option<ConstrainedOutput>,
+}
+
+/// A request's place in its output constraint and the mask of its next token.
+struct ConstrainedOutput {
+    state: Box<dyn ConstraintState>,
+    mask: TokenMask,
+    /// How filling `mask` for this step went.
+    filled: Result<(), String>,
+}
+
+impl ConstrainedOutput {
+    /// Applies the mask to `logits` and drops from `banned` the tokens it must keep: when the
+    /// constraint allows only banned tokens (EOS before `min_tokens`, say), the constraint
+    /// wins. `Err` when the mask could not be filled or allows nothing.
+    fn cut(&mut self, logits: &mut [f32], banned: &mut Vec<u32>) -> Result<(), String> {
+        std::mem::replace(&mut self.filled, Ok(()))?;
+        let allowed = self.mask.count();
+        if allowed == 0 {
+            return Err("no token is allowed at this point".into());
+        }
+        if banned.iter().filter(|&&t| self.mask.is_allowed(t)).count() == allowed {
+            banned.clear();
+        }
+        self.mask.apply(logits);
+        Ok(())
+    }
 }
 
 pub struct ModelRunner {
@@ -113,10 +150,16 @@ impl ModelRunner {
 
     fn add_request(&mut self, r: &NewRequest) {
         let sampler = Sampler::with_prompt(r.params.sampling.clone(), &r.prompt);
+        let constraint = r.params.constraint.as_ref().map(|c| ConstrainedOutput {
+            state: c.start(),
+            mask: TokenMask::new(self.model.vocab_size()),
+            filled: Ok(()),
+        });
         let state = RunnerRequest {
             prompt: Arc::clone(&r.prompt),
             params: r.params.clone(),
             sampler,
+            constraint,
         };
         self.requests.insert(r.req_id, state);
     }
@@ -153,10 +196,17 @@ impl ModelRunner {
         drop(prepare);
         let vocab = self.model.vocab_size();
         let forward = tokenmill_trace::scope("forward", "engine");
-        let logits = self
-            .model
-            .forward(&chunks, &mut self.kv, &mut self.ws)
-            .map_err(|e| EngineError::Model(e.to_string()))?;
+        let (model, kv, ws) = (&self.model, &mut self.kv, &mut self.ws);
+        let logits = if masks_needed(&self.requests, out) {
+            let requests = &mut self.requests;
+            std::thread::scope(|s| {
+                s.spawn(|| fill_masks(requests, out));
+                model.forward(&chunks, kv, ws)
+            })
+        } else {
+            model.forward(&chunks, kv, ws)
+        }
+        .map_err(|e| EngineError::Model(e.to_string()))?;
         drop(forward);
         let _sample = tokenmill_trace::scope("sample", "engine");
         let mut result = StepResult::default();
@@ -186,11 +236,52 @@ impl ModelRunner {
                     self.banned
                         .extend(p.stop_token_ids.iter().chain(&p.eos_token_id));
                 }
-                let sampled = req.sampler.sample(last, &self.banned);
+                if let Some(con) = &mut req.constraint
+                    && let Err(message) = con.cut(last, &mut self.banned)
+                {
+                    let id = c.req_id;
+                    result.failed.push((id, EngineError::Constraint { id, message }));
+                    continue;
+                }
+                let mut sampled = req.sampler.sample(last, &self.banned);
+                if let Some(con) = &mut req.constraint {
+                    match con.state.accept(sampled.token) {
+                        Ok(complete) => sampled.complete = complete,
+                        Err(message) => {
+                            let id = c.req_id;
+                            result.failed.push((id, EngineError::Constraint { id, message }));
+                            continue;
+                        }
+                    }
+                }
                 result.sampled.push((c.req_id, sampled));
             }
         }
         Ok(result)
+    }
+}
+
+/// Whether a request with an output constraint samples in this step.
+fn masks_needed(requests: &HashMap<RequestId, RunnerRequest>, out: &SchedulerOutput) -> bool {
+    out.chunks.iter().any(|c| {
+        c.sample
+            && requests
+                .get(&c.req_id)
+                .is_some_and(|r| r.constraint.is_some())
+    })
+}
+
+/// Fills the token mask of every constrained request that samples in this step.
+fn fill_masks(requests: &mut HashMap<RequestId, RunnerRequest>, out: &SchedulerOutput) {
+    let _s = tokenmill_trace::scope("constraint_masks", "engine");
+    for c in out.chunks.iter().filter(|c| c.sample) {
+        if let Some(con) = requests
+            .get_mut(&c.req_id)
+            .and_then(|r| r.constraint.as_mut())
+        {
+            con.mask.clear();
+            con.filled = con.state.fill_mask(&mut con.mask);
+        }
     }
 }
 

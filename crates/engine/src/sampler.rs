@@ -85,6 +85,8 @@ pub struct Sampled {
     pub logprob: f32,
     /// The top-N raw logprobs, best first (empty unless `logprobs` was asked for).
     pub top: Vec<(u32, f32)>,
+    /// The request's output constraint is complete with this token: the output ends here.
+    pub complete: bool,
 }
 
 /// Per-request sampler state: parameters, RNG, token counts for penalties, scratch buffers.
@@ -158,6 +160,7 @@ impl Sampler {
             token,
             logprob: raw - lse,
             top,
+            complete: false,
         }
     }
 

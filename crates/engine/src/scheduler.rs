@@ -290,7 +290,7 @@ impl Scheduler {
             if req.status != RequestStatus::Running || req.num_uncomputed_tokens() != 0 {
                 continue;
             }
-            let finish_reason = req.append_output(s.token, bs, max_len);
+            let finish_reason = req.append_output(s.token, s.complete, bs, max_len);
             if let Some(reason) = finish_reason {
                 req.status = RequestStatus::Finished(reason);
                 any_finished = true;

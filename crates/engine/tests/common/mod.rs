@@ -87,6 +87,7 @@ impl FakeRunner {
                     token: tok,
                     logprob: 0.0,
                     top: Vec::new(),
+                    complete: false,
                 };
                 sampled.push((c.req_id, s));
             }
