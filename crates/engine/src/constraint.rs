@@ -90,7 +90,8 @@ impl TokenMask {
     }
 
     pub fn is_allowed(&self, token: u32) -> bool {
-        (token as usize) < self.num_tokens && self.words[token as usize / 32] >> (token % 32) & 1 == 1
+        (token as usize) < self.num_tokens
+            && self.words[token as usize / 32] >> (token % 32) & 1 == 1
     }
 
     /// The words, for filling in bulk. Bits past `num_tokens` are ignored.
@@ -105,7 +106,11 @@ impl TokenMask {
             .map(|t| {
                 let w = self.words[t / 32];
                 let valid = self.num_tokens - t;
-                let w = if valid < 32 { w & ((1 << valid) - 1) } else { w };
+                let w = if valid < 32 {
+                    w & ((1 << valid) - 1)
+                } else {
+                    w
+                };
                 w.count_ones() as usize
             })
             .sum()

@@ -235,7 +235,11 @@ mod tests {
             ..Default::default()
         };
         let mut r = req(params.clone());
-        assert_eq!(r.append_output(0, false, 4, 100), None, "EOS before min_tokens");
+        assert_eq!(
+            r.append_output(0, false, 4, 100),
+            None,
+            "EOS before min_tokens"
+        );
         assert_eq!(r.append_output(0, false, 4, 100), Some(FinishReason::Stop));
         let mut r = req(RequestParams {
             ignore_eos: true,
@@ -244,7 +248,10 @@ mod tests {
         for _ in 0..9 {
             assert_eq!(r.append_output(0, false, 4, 100), None);
         }
-        assert_eq!(r.append_output(0, false, 4, 100), Some(FinishReason::Length));
+        assert_eq!(
+            r.append_output(0, false, 4, 100),
+            Some(FinishReason::Length)
+        );
         assert_eq!(r.output(), &[0; 10]);
     }
 
@@ -267,7 +274,10 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(r.append_output(5, false, 4, 100), None);
-        assert_eq!(r.append_output(5, false, 4, 100), Some(FinishReason::Length));
+        assert_eq!(
+            r.append_output(5, false, 4, 100),
+            Some(FinishReason::Length)
+        );
         let mut r = req(RequestParams {
             max_tokens: None,
             ..Default::default()

@@ -240,7 +240,9 @@ impl ModelRunner {
                     && let Err(message) = con.cut(last, &mut self.banned)
                 {
                     let id = c.req_id;
-                    result.failed.push((id, EngineError::Constraint { id, message }));
+                    result
+                        .failed
+                        .push((id, EngineError::Constraint { id, message }));
                     continue;
                 }
                 let mut sampled = req.sampler.sample(last, &self.banned);
@@ -249,7 +251,9 @@ impl ModelRunner {
                         Ok(complete) => sampled.complete = complete,
                         Err(message) => {
                             let id = c.req_id;
-                            result.failed.push((id, EngineError::Constraint { id, message }));
+                            result
+                                .failed
+                                .push((id, EngineError::Constraint { id, message }));
                             continue;
                         }
                     }

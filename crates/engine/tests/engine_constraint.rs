@@ -233,7 +233,11 @@ fn constrained_output_survives_preemption() {
     let roomy = engine(256);
     let alone: Vec<Vec<u32>> = PROMPTS
         .iter()
-        .map(|p| collect(roomy.submit(p.to_vec(), constrained.clone())).unwrap().0)
+        .map(|p| {
+            collect(roomy.submit(p.to_vec(), constrained.clone()))
+                .unwrap()
+                .0
+        })
         .collect();
     drop(roomy);
     // 9 blocks of 16 for three requests that grow to ~70 tokens: some must be preempted
