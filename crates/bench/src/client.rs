@@ -64,12 +64,15 @@ impl Target {
 }
 
 /// Request fields that do not depend on the prompt.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RequestOptions {
     pub ignore_eos: bool,
     /// Also send `min_tokens = max_tokens` (vLLM, tokenmill).
     pub min_tokens: bool,
     pub temperature: f64,
+    /// Fields merged into every request body last (`--extra-body`: a `response_format`,
+    /// `guided_json`, sampling extras).
+    pub extra_body: serde_json::Map<String, Value>,
 }
 
 impl Default for RequestOptions {
@@ -78,6 +81,7 @@ impl Default for RequestOptions {
             ignore_eos: true,
             min_tokens: false,
             temperature: 0.0,
+            extra_body: serde_json::Map::new(),
         }
     }
 }
@@ -108,6 +112,9 @@ pub fn request_body(target: &Target, p: &Prompt, opts: &RequestOptions) -> Resul
     body[max_key] = json!(p.output_len);
     if opts.min_tokens {
         body["min_tokens"] = json!(p.output_len);
+    }
+    for (k, v) in &opts.extra_body {
+        body[k.as_str()] = v.clone();
     }
     Ok(body)
 }

@@ -141,6 +141,8 @@ impl ApiError {
                 ApiError::invalid_param("max_tokens", e.to_string())
             }
             EngineError::EmptyPrompt(_) => ApiError::invalid_param("prompt", "the prompt is empty"),
+            // A grammar that compiled but failed mid-generation (its step limits).
+            EngineError::Constraint { .. } => ApiError::bad_request(e.to_string()),
             EngineError::ZeroMaxTokens(_) => {
                 ApiError::invalid_param("max_tokens", "max_tokens must be at least 1")
             }

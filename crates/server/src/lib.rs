@@ -33,6 +33,7 @@ pub mod routes;
 pub mod sse;
 pub mod state;
 pub mod tokenizer_pool;
+pub mod tools;
 pub mod validation;
 
 pub use app::{router, serve, serve_when_ready, shutdown_signal};

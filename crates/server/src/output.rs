@@ -208,9 +208,11 @@ impl OutputProcessor {
                         ));
                     }
                     // The token that stopped the request (EOS or a stop token) is not part of
-                    // the text (vLLM), unless stop strings are to be included.
+                    // the text (vLLM), unless stop strings are to be included. A plain token
+                    // that completed an output constraint (a closing `}`) is text.
                     let stop_token = t.finish_reason == Some(FinishReason::Stop)
-                        && !self.opts.include_stop_str_in_output;
+                        && !self.opts.include_stop_str_in_output
+                        && (tok.is_special(t.token) || self.opts.stop_token_ids.contains(&t.token));
                     let piece = if stop_token {
                         Ok(String::new())
                     } else {

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokenmill_engine::EngineHandle;
+use tokenmill_structured::GrammarCompiler;
 
 use crate::admission::Admission;
 use crate::error::ApiError;
@@ -65,6 +66,8 @@ pub struct AppState {
     pub created: u64,
     /// Where `/stop_profile` writes traces; `None`: the profile routes answer 404.
     pub profile_dir: Option<std::path::PathBuf>,
+    /// Structured outputs' grammar compiler for the served tokenizer, or why there is none.
+    pub grammars: Result<Arc<GrammarCompiler>, String>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -76,7 +79,14 @@ impl AppState {
             .first()
             .cloned()
             .unwrap_or_default();
+        let grammars = GrammarCompiler::new(pool.tokenizer())
+            .map(Arc::new)
+            .map_err(|e| e.to_string());
+        if let Err(e) = &grammars {
+            tracing::warn!("structured outputs are unavailable: {e}");
+        }
         AppState {
+            grammars,
             admission: Arc::new(Admission::new(
                 config.max_waiting_requests,
                 config.max_waiting_tokens,

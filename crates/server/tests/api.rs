@@ -578,7 +578,7 @@ async fn bad_input_matrix_then_a_good_request() {
         ),
         bad(
             CHAT,
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "yaml"}})),
             400,
             Some("response_format"),
         ),

@@ -105,6 +105,10 @@ pub struct BenchArgs {
     pub min_tokens: bool,
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f64,
+    /// A JSON object merged into every request body, e.g. a structured-output constraint:
+    /// '{"response_format": {"type": "json_object"}}'.
+    #[arg(long, value_parser = parse_extra_body)]
+    pub extra_body: Option<serde_json::Map<String, serde_json::Value>>,
     /// Client-side timeout of one request, in seconds.
     #[arg(long, default_value_t = 600.0)]
     pub request_timeout_s: f64,
@@ -165,6 +169,7 @@ impl BenchArgs {
                 ignore_eos: self.ignore_eos,
                 min_tokens: self.min_tokens,
                 temperature: self.temperature,
+                extra_body: self.extra_body.clone().unwrap_or_default(),
             },
             percentiles,
             slo: Slo::parse(&self.goodput).map_err(anyhow::Error::msg)?,
@@ -352,4 +357,13 @@ fn write_json(path: &Path, v: &Value) -> anyhow::Result<()> {
     }
     std::fs::write(path, serde_json::to_string_pretty(v)?)
         .with_context(|| format!("writing {}", path.display()))
+}
+
+/// `--extra-body`: a JSON object.
+fn parse_extra_body(s: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(s) {
+        Ok(serde_json::Value::Object(m)) => Ok(m),
+        Ok(_) => Err("--extra-body must be a JSON object".into()),
+        Err(e) => Err(format!("--extra-body is not JSON: {e}")),
+    }
 }

@@ -144,8 +144,9 @@ fn serve_without_arguments_listens_on_127_0_0_1_8080() {
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
 }
 
-#[test]
-fn official_openai_python_client() {
+/// Runs `tests/openai_client/<script>` with the official `openai` client (installed by
+/// `scripts/test-deps.sh`) against a fresh server; every test in it must pass.
+fn run_openai_client_script(script: &str) {
     let root = tokenmill_testutil::workspace_root();
     let out = Command::new("bash")
         .arg(root.join("scripts/test-deps.sh"))
@@ -159,7 +160,7 @@ fn official_openai_python_client() {
     let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
     let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
     let out = Command::new(python)
-        .arg(root.join("tests/openai_client/test_openai.py"))
+        .arg(root.join("tests/openai_client").join(script))
         .arg(&s.base)
         .arg("smollm2")
         .output()
@@ -174,6 +175,16 @@ fn official_openai_python_client() {
     assert!(stdout.contains(" passed, 0 failed"));
     s.sigterm();
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+#[test]
+fn official_openai_python_client() {
+    run_openai_client_script("test_openai.py");
+}
+
+#[test]
+fn official_openai_python_client_structured_outputs_and_tools() {
+    run_openai_client_script("test_structured.py");
 }
 
 #[test]

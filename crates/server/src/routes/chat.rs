@@ -7,6 +7,11 @@
 //! without the generation prompt and cuts the text right after the last message's content,
 //! so the model continues it. Streaming sends a role chunk per choice first, then content
 //! deltas, the finish reason with the last delta, the usage chunk if asked for, `[DONE]`.
+//!
+//! With `tools` (and `tool_choice` other than `none`) the reply's calls are read out of the
+//! text ([`crate::tools::parser`]): the message carries `tool_calls` and the finish reason
+//! is `tool_calls`; streamed, each call comes as a delta with its id and name, then deltas
+//! of its `arguments` as they are generated.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
@@ -22,10 +27,12 @@ use super::common::{ChunkEnvelope, chat_logprobs, now_secs, response_id, usage};
 use crate::error::ApiError;
 use crate::generation;
 use crate::json::JsonBody;
-use crate::output::{StopReason, Update};
+use crate::output::{Finish, StopReason, Update};
 use crate::sse::{drive, sse_frame, sse_response};
 use crate::state::SharedState;
-use crate::validation::{Api, validate};
+use crate::tools::parser::{CallStream, Piece, ToolCall, parse_reply};
+use crate::validation::{Api, ToolCalls, validate};
+use tokenmill_engine::FinishReason;
 
 pub async fn chat_completions(
     State(state): State<SharedState>,
@@ -35,12 +42,16 @@ pub async fn chat_completions(
     let prompt_tokens = v.prompt_tokens();
     let want_logprobs = v.wants_logprobs();
     let (stream_out, include_usage) = (v.stream, v.include_usage);
+    let tool_calls = v.tool_calls.clone();
     let running = generation::submit(&state, v.generation)?;
     let id = response_id("chatcmpl");
     let model = state.model_name().to_string();
     let created = now_secs();
     if stream_out {
-        let fmt = ChatChunks {
+        let mut fmt = ChatChunks {
+            calls: (0..running.len())
+                .map(|_| tool_calls.as_ref().map(ToolCalls::stream))
+                .collect(),
             env: ChunkEnvelope {
                 id,
                 object: "chat.completion.chunk",
@@ -63,11 +74,16 @@ pub async fn chat_completions(
         .enumerate()
         .map(|(i, r)| {
             let finish = r.finish.as_ref();
+            let (content, calls) = match &tool_calls {
+                Some(t) => parse_reply(t.format, t.names.clone(), &r.text),
+                None => (Some(r.text), Vec::new()),
+            };
+            let calls_json: Vec<Value> = calls.iter().map(call_json).collect();
             json!({
                 "index": i,
-                "message": {"role": "assistant", "content": r.text, "tool_calls": []},
+                "message": {"role": "assistant", "content": content, "tool_calls": calls_json},
                 "logprobs": want_logprobs.then(|| chat_logprobs(&r.logprobs)),
-                "finish_reason": finish.map(|f| f.as_str()),
+                "finish_reason": finish.map(|f| finish_reason(f, !calls.is_empty())),
                 "stop_reason": StopReason::to_json(&finish.and_then(|f| f.stop_reason.clone())),
             })
         })
@@ -83,9 +99,28 @@ pub async fn chat_completions(
     .into_response())
 }
 
+/// OpenAI's finish reason, `tool_calls` when a reply that stopped by itself made calls.
+fn finish_reason(f: &Finish, made_calls: bool) -> &'static str {
+    if made_calls && f.reason == FinishReason::Stop {
+        "tool_calls"
+    } else {
+        f.as_str()
+    }
+}
+
+fn call_json(c: &ToolCall) -> Value {
+    json!({
+        "id": c.id,
+        "type": "function",
+        "function": {"name": c.name, "arguments": c.arguments},
+    })
+}
+
 struct ChatChunks {
     env: ChunkEnvelope,
     want_logprobs: bool,
+    /// Per choice, the tool-call reader (with tools).
+    calls: Vec<Option<CallStream>>,
 }
 
 impl ChatChunks {
@@ -98,27 +133,64 @@ impl ChatChunks {
         }])))
     }
 
-    fn format(&self, i: usize, up: Update) -> Vec<Bytes> {
+    fn format(&mut self, i: usize, up: Update) -> Vec<Bytes> {
         if let Some(e) = up.error {
             return vec![sse_frame(&e.body())];
         }
         self.env.count_tokens(up.token_ids.len());
-        if up.text.is_empty() && up.logprobs.is_empty() && up.finish.is_none() {
+        let finish = up.finish.as_ref();
+        let deltas: Vec<Value> = match self.calls.get_mut(i).and_then(Option::as_mut) {
+            Some(reader) => {
+                let mut pieces = reader.push(&up.text);
+                if finish.is_some() {
+                    pieces.extend(reader.finish());
+                }
+                pieces.into_iter().map(piece_delta).collect()
+            }
+            None if up.text.is_empty() => Vec::new(),
+            None => vec![json!({"content": up.text})],
+        };
+        if deltas.is_empty() && up.logprobs.is_empty() && finish.is_none() {
             return Vec::new();
         }
-        let finish = up.finish.as_ref();
-        let delta = if up.text.is_empty() && finish.is_some() {
-            json!({})
-        } else {
-            json!({"content": up.text})
-        };
-        let choice = json!({
-            "index": i,
-            "delta": delta,
-            "logprobs": self.want_logprobs.then(|| chat_logprobs(&up.logprobs)),
-            "finish_reason": finish.map(|f| f.as_str()),
-            "stop_reason": StopReason::to_json(&finish.and_then(|f| f.stop_reason.clone())),
-        });
-        vec![sse_frame(&self.env.chunk(json!([choice])))]
+        let made_calls = self
+            .calls
+            .get(i)
+            .and_then(Option::as_ref)
+            .is_some_and(|r| r.num_calls() > 0);
+        let n = deltas.len().max(1);
+        let mut deltas = deltas.into_iter();
+        (0..n)
+            .map(|k| {
+                let last = k + 1 == n;
+                let choice = json!({
+                    "index": i,
+                    "delta": deltas.next().unwrap_or_else(|| json!({})),
+                    "logprobs": (self.want_logprobs && k == 0).then(|| chat_logprobs(&up.logprobs)),
+                    "finish_reason": finish.filter(|_| last).map(|f| finish_reason(f, made_calls)),
+                    "stop_reason": StopReason::to_json(
+                        &finish.filter(|_| last).and_then(|f| f.stop_reason.clone())
+                    ),
+                });
+                sse_frame(&self.env.chunk(json!([choice])))
+            })
+            .collect()
+    }
+}
+
+/// The delta of one streamed piece.
+fn piece_delta(p: Piece) -> Value {
+    match p {
+        Piece::Content(text) => json!({"content": text}),
+        Piece::CallStart { index, id, name } => json!({"tool_calls": [{
+            "index": index,
+            "id": id,
+            "type": "function",
+            "function": {"name": name, "arguments": ""},
+        }]}),
+        Piece::Arguments { index, delta } => json!({"tool_calls": [{
+            "index": index,
+            "function": {"arguments": delta},
+        }]}),
     }
 }

@@ -5,17 +5,21 @@
 //! 1. the `model` names a served model (404 otherwise);
 //! 2. the sampling fields ([`params`]: ranges as vLLM checks them, 400 naming the field);
 //! 3. the prompt ([`prompt`]): completions' `prompt` shapes and token ids, or chat's
-//!    `messages` and template flags — all before any tokenizer work;
-//! 4. admission's precheck (429 when the queue is full, before the expensive part);
-//! 5. tokenization (chat: rendering, then tokenizing) on the tokenizer pool;
-//! 6. each prompt's output limit against the context and the whole KV cache.
+//!    `messages`, template flags and `tools` ([`crate::tools`]) — all before any tokenizer
+//!    work;
+//! 4. the output structure ([`structured`]: `response_format`, `structured_outputs`,
+//!    `guided_*`, or the call grammar of `tool_choice: required` / a named function);
+//! 5. admission's precheck (429 when the queue is full, before the expensive part);
+//! 6. tokenization (chat: rendering, then tokenizing) on the tokenizer pool, and compiling
+//!    the output structure (cached) on the blocking pool;
+//! 7. each prompt's output limit against the context and the whole KV cache.
 //!
-//! The engine receives token ids and [`tokenmill_engine::RequestParams`] only.
+//! The engine receives token ids and [`tokenmill_engine::RequestParams`] only (an output
+//! structure as its compiled [`tokenmill_engine::Constraint`]).
 
 pub mod params;
 pub mod prompt;
-
-use serde_json::Value;
+pub mod structured;
 
 pub use params::{Api, MAX_N, MAX_STOP, MAX_STOP_BYTES, Sampling, resolve_max_tokens};
 pub use prompt::{ChatPrompt, MAX_PROMPTS, PromptInput, parse_messages, render_prompt};
@@ -24,6 +28,11 @@ use crate::error::ApiError;
 use crate::generation::GenerationRequest;
 use crate::json::Fields;
 use crate::state::AppState;
+use crate::tools::ToolRequest;
+use crate::tools::format::{ToolFormat, ToolPrompting};
+use crate::tools::parser::CallStream;
+use structured::OutputSpec;
+use tokenmill_structured::StructuredOutput;
 
 /// A generation request every check has passed.
 pub struct ValidRequest {
@@ -36,6 +45,21 @@ pub struct ValidRequest {
     pub echo: bool,
     pub stream: bool,
     pub include_usage: bool,
+    /// Chat with tools whose calls are read back from the reply.
+    pub tool_calls: Option<ToolCalls>,
+}
+
+/// How a chat reply's tool calls are read: the format and the tools it may call.
+#[derive(Clone, Debug)]
+pub struct ToolCalls {
+    pub format: ToolFormat,
+    pub names: std::collections::HashSet<String>,
+}
+
+impl ToolCalls {
+    pub fn stream(&self) -> CallStream {
+        CallStream::new(self.format, self.names.clone())
+    }
 }
 
 impl ValidRequest {
@@ -68,10 +92,24 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
         stream,
         include_usage,
     } = params::parse(f, api, &tok)?;
+    let mut output_spec = structured::parse(f)?;
+    let mut tool_calls = None;
     let source = match api {
         Api::Chat => {
-            check_response_format(f)?;
-            Source::Chat(ChatPrompt::parse(f)?)
+            let tools = ToolRequest::parse(f)?;
+            let mut chat = ChatPrompt::parse(f)?;
+            let prompting = ToolPrompting::for_template(tok.chat_template().map(|t| t.source()));
+            chat.prepare_tools(&prompting, tools.as_ref());
+            if let Some(t) = tools.as_ref().filter(|t| t.parses_calls()) {
+                tool_calls = Some(ToolCalls {
+                    format: prompting.format,
+                    names: t.callable().iter().map(|t| t.name.clone()).collect(),
+                });
+                if let Some(spec) = tool_call_spec(t, &prompting, output_spec.as_ref())? {
+                    output_spec = Some(spec);
+                }
+            }
+            Source::Chat(chat)
         }
         Api::Completions | Api::Generate => {
             let inputs = prompt::parse_prompts(f.get("prompt"), tok.vocab_size())?;
@@ -106,6 +144,15 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
             (Vec::new(), vec![ids], "messages")
         }
     };
+    if let Some(spec) = output_spec {
+        let compiler = state.grammars.as_ref().map_err(|e| {
+            ApiError::invalid_param(
+                spec.param,
+                format!("structured outputs are unavailable for this model: {e}"),
+            )
+        })?;
+        params.constraint = Some(structured::compile(compiler, spec).await?);
+    }
     let cfg = state.engine.config();
     let limits = prompts
         .iter()
@@ -133,18 +180,32 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
         echo,
         stream,
         include_usage,
+        tool_calls,
     })
 }
 
-/// Chat's `response_format`: only plain text is supported.
-fn check_response_format(f: &Fields) -> Result<(), ApiError> {
-    match f.get("response_format") {
-        Some(rf) if rf.get("type").and_then(Value::as_str) != Some("text") => {
-            Err(ApiError::invalid_param(
-                "response_format",
-                "only response_format {\"type\": \"text\"} is supported",
-            ))
-        }
-        _ => Ok(()),
+/// The call grammar when `tool_choice` is `required` or names a function (which a
+/// `response_format` cannot be combined with); `None` for `auto`.
+fn tool_call_spec(
+    tools: &ToolRequest,
+    prompting: &ToolPrompting,
+    other: Option<&OutputSpec>,
+) -> Result<Option<OutputSpec>, ApiError> {
+    use crate::tools::ToolChoice;
+    if !matches!(tools.choice, ToolChoice::Required | ToolChoice::Function(_)) {
+        return Ok(None);
     }
+    if let Some(o) = other {
+        return Err(ApiError::invalid_param(
+            "tool_choice",
+            format!(
+                "tool_choice required or a named function cannot be combined with `{}`",
+                o.param
+            ),
+        ));
+    }
+    Ok(Some(OutputSpec {
+        spec: StructuredOutput::Lark(prompting.call_grammar(tools)),
+        param: "tools",
+    }))
 }

@@ -98,6 +98,7 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
         priority,
         prompt_logprobs: false,
         sampling,
+        constraint: None,
     };
     Ok(Sampling {
         n,

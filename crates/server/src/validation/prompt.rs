@@ -3,6 +3,8 @@
 //! parts), rendered with the model's chat template and tokenized — on the tokenizer pool,
 //! never on the async runtime.
 
+use crate::tools::ToolRequest;
+use crate::tools::format::ToolPrompting;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
@@ -203,6 +205,11 @@ impl ChatPrompt {
             continue_final,
             extra: template_extra(f)?,
         })
+    }
+
+    /// Adapts the conversation to how the template meets tools ([`ToolPrompting::prepare`]).
+    pub fn prepare_tools(&mut self, prompting: &ToolPrompting, tools: Option<&ToolRequest>) {
+        prompting.prepare(&mut self.messages, tools);
     }
 
     /// The prompt text (on the tokenizer pool or the remote service). With
