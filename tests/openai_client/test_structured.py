@@ -267,6 +267,29 @@ def required_tool_call_and_round_trip():
     c = r.choices[0]
     assert c.finish_reason in ("stop", "length") and c.message.content, c
     assert not c.message.tool_calls
+    # The same round, streamed: the call as deltas, then the answer as content.
+    stream = client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER, TIME],
+                                            tool_choice="required", parallel_tool_calls=False,
+                                            max_tokens=200, temperature=0, stream=True)
+    call_id, name, args = None, None, ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                call_id = tc.id or call_id
+                name = (tc.function and tc.function.name) or name
+                args += (tc.function and tc.function.arguments) or ""
+    jsonschema.validate(json.loads(args), {"get_weather": WEATHER, "get_time": TIME}[name]["function"]["parameters"])
+    follow = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]},
+        {"role": "tool", "tool_call_id": call_id, "content": '{"result": "sunny"}'},
+    ]
+    answer = "".join(
+        ch.delta.content or ""
+        for chunk in client.chat.completions.create(model=MODEL, messages=follow, max_tokens=40,
+                                                    temperature=0, stream=True, tools=[WEATHER])
+        for ch in chunk.choices)
+    assert answer, "no streamed answer"
 
 
 @test

@@ -3,8 +3,8 @@
 //! A [`Constraint`] is compiled once (a JSON schema, a regex, a grammar — by whoever knows
 //! the tokenizer; the engine does not) and shared by every request that uses it. Each
 //! request runs its own [`ConstraintState`], which the runner keeps beside the request's
-//! sampler: before a sampled step it fills the request's [`TokenMask`] (on a helper thread,
-//! while the forward pass runs), the mask cuts the logits before sampling, and the sampled
+//! sampler: before a sampled step it fills the request's [`TokenMask`] (the step's masks in
+//! parallel on the compute pool), the mask cuts the logits before sampling, and the sampled
 //! token advances the state. A state that reports itself complete ends the request.
 //!
 //! The engine never sees how a constraint is built; it depends on these two traits only.

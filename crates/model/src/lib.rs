@@ -30,6 +30,9 @@ pub use model::{Model, ModelKv};
 pub use profile::{OpKind, OpProfile};
 pub use store::{Linear, RawTensor, TensorRef, WeightStore};
 pub use tokenmill_kernels::attention::KvDtype;
+/// The one persistent thread pool the forward pass runs on (for work beside it, such as
+/// the engine's constraint masks, that should share its threads rather than add more).
+pub use tokenmill_kernels::pool::{ThreadPool, global as compute_pool};
 pub use weights::Naming;
 pub use workspace::Workspace;
 
