@@ -23,7 +23,7 @@ fn bench(c: &mut Criterion) {
         "required": ["id", "name", "ok"], "additionalProperties": false}}},
         "required": ["rows"], "additionalProperties": false});
     let row = r#"{"id": 17, "name": "Ada Lovelace", "ok": true}"#;
-    let text = format!(r#"{{"rows": [{}]}}"#, vec![row; 6].join(", "));
+    let text = format!(r#"{{"rows": [{}]}}"#, [row; 6].join(", "));
     let cases = [
         ("json_schema_rows", StructuredOutput::JsonSchema(rows), text),
         (
