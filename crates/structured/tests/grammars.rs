@@ -192,3 +192,18 @@ fn bad_grammars_are_errors_that_say_what_is_wrong() {
         }
     }
 }
+
+#[test]
+fn hugging_face_folder_tokenizers_work_too() {
+    for name in ["llama", "mistral", "qwen2"] {
+        let dir = tokenmill_testutil::fixtures_dir("hf").join(name);
+        let tok = Tokenizer::from_hf_dir(&dir).unwrap();
+        let c = GrammarCompiler::new(&tok).unwrap();
+        let choices = vec!["yes".to_string(), "no way".into()];
+        let constraint = c.compile(&StructuredOutput::Choice(choices.clone())).unwrap().constraint;
+        for seed in 1..=4 {
+            let text = walk(&tok, constraint.start(), seed, 50);
+            assert!(choices.contains(&text), "{name}: {text:?}");
+        }
+    }
+}
