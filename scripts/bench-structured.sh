@@ -61,15 +61,20 @@ done
 python3 - "$out" "$rounds" <<'PY'
 import json, statistics, sys
 out, rounds = sys.argv[1], int(sys.argv[2])
+def per_round(name, key):
+    return [json.load(open(f"{out}/{name}.{r}.json"))["result"][key] for r in range(1, rounds + 1)]
 def med(name, key):
-    return statistics.median(json.load(open(f"{out}/{name}.{r}.json"))["result"][key]
-                             for r in range(1, rounds + 1))
+    return statistics.median(per_round(name, key))
+def ratio(a, b, key):  # median over rounds of b/a: each round's pair ran back to back
+    return statistics.median(y / x for x, y in zip(per_round(a, key), per_round(b, key)))
 f16, s16 = med("free16", "output_throughput"), med("schema16", "output_throughput")
 f1, s1 = med("free1", "median_tpot_ms"), med("schema1", "median_tpot_ms")
+r16 = ratio("free16", "schema16", "output_throughput")
+r1 = ratio("free1", "schema1", "median_tpot_ms")
 rows = [l.split() for l in open(f"{out}/ttft.txt")]
 cold, cached, plain = (statistics.median(float(r[i]) for r in rows) for i in range(3))
-print(f"rounds: {rounds} (medians)")
-print(f"concurrency 16 output tok/s: free {f16:.1f}  json_schema {s16:.1f}  ratio {s16 / f16:.3f}")
-print(f"single stream median TPOT ms: free {f1:.2f}  json_schema {s1:.2f}  overhead {100 * (s1 / f1 - 1):+.1f}%")
+print(f"rounds: {rounds} (medians; ratios: median over rounds of the pair run back to back)")
+print(f"concurrency 16 output tok/s: free {f16:.1f}  json_schema {s16:.1f}  ratio {r16:.3f}")
+print(f"single stream median TPOT ms: free {f1:.2f}  json_schema {s1:.2f}  overhead {100 * (r1 - 1):+.1f}%")
 print(f"1-token request ms: cold schema {cold:.1f}  cached schema {cached:.1f}  no schema {plain:.1f}")
 PY

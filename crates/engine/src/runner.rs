@@ -224,40 +224,43 @@ impl ModelRunner {
             }
             if c.sample {
                 let last = &mut rows[(n_rows - 1) * vocab..];
-                let p = &req.params;
-                // Stop tokens and EOS may not end the output before min_tokens.
-                self.banned.clear();
-                if c.num_output_tokens < p.min_tokens && !p.ignore_eos {
-                    self.banned
-                        .extend(p.stop_token_ids.iter().chain(&p.eos_token_id));
-                }
-                if let Some(con) = &mut req.constraint
-                    && let Err(message) = con.cut(last, &mut self.banned)
-                {
-                    let id = c.req_id;
-                    result
-                        .failed
-                        .push((id, EngineError::Constraint { id, message }));
-                    continue;
-                }
-                let mut sampled = req.sampler.sample(last, &self.banned);
-                if let Some(con) = &mut req.constraint {
-                    match con.state.accept(sampled.token) {
-                        Ok(complete) => sampled.complete = complete,
-                        Err(message) => {
-                            let id = c.req_id;
-                            result
-                                .failed
-                                .push((id, EngineError::Constraint { id, message }));
-                            continue;
-                        }
+                match sample_next(req, c, last, &mut self.banned) {
+                    Ok(sampled) => result.sampled.push((c.req_id, sampled)),
+                    Err(message) => {
+                        let id = c.req_id;
+                        result
+                            .failed
+                            .push((id, EngineError::Constraint { id, message }));
                     }
                 }
-                result.sampled.push((c.req_id, sampled));
             }
         }
         Ok(result)
     }
+}
+
+/// Samples the next token of `req` from its row of logits: EOS and stop tokens banned
+/// before `min_tokens` (into the `banned` scratch), the constraint's mask applied and its
+/// state advanced. `Err`: the constraint failed.
+fn sample_next(
+    req: &mut RunnerRequest,
+    c: &ScheduledChunk,
+    logits: &mut [f32],
+    banned: &mut Vec<u32>,
+) -> Result<Sampled, String> {
+    let p = &req.params;
+    banned.clear();
+    if c.num_output_tokens < p.min_tokens && !p.ignore_eos {
+        banned.extend(p.stop_token_ids.iter().chain(&p.eos_token_id));
+    }
+    if let Some(con) = &mut req.constraint {
+        con.cut(logits, banned)?;
+    }
+    let mut sampled = req.sampler.sample(logits, banned);
+    if let Some(con) = &mut req.constraint {
+        sampled.complete = con.state.accept(sampled.token)?;
+    }
+    Ok(sampled)
 }
 
 /// Fills the token mask of every constrained request that samples in this step, one

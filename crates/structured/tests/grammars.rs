@@ -200,7 +200,10 @@ fn hugging_face_folder_tokenizers_work_too() {
         let tok = Tokenizer::from_hf_dir(&dir).unwrap();
         let c = GrammarCompiler::new(&tok).unwrap();
         let choices = vec!["yes".to_string(), "no way".into()];
-        let constraint = c.compile(&StructuredOutput::Choice(choices.clone())).unwrap().constraint;
+        let constraint = c
+            .compile(&StructuredOutput::Choice(choices.clone()))
+            .unwrap()
+            .constraint;
         for seed in 1..=4 {
             let text = walk(&tok, constraint.start(), seed, 50);
             assert!(choices.contains(&text), "{name}: {text:?}");

@@ -149,127 +149,141 @@ impl CallStream {
 
     /// One transition; `false` when more text is needed.
     fn step(&mut self, out: &mut Vec<Piece>) -> bool {
-        match &mut self.state {
-            State::Start => {
-                let t = self.buf.trim_start();
-                let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim_start();
-                if t.is_empty() || PYTHON_TAG.starts_with(t) {
-                    return false;
-                }
-                if t.starts_with('{') {
-                    self.buf = t.to_string();
-                    self.state = State::Head;
-                } else {
-                    self.state = State::Text;
-                }
-                true
-            }
+        match &self.state {
+            State::Start => self.start(),
             State::Text if self.format == ToolFormat::Llama3Json => {
                 push_content(out, std::mem::take(&mut self.buf));
                 false
             }
-            State::Text => {
-                if let Some(pos) = self.buf.find(OPEN) {
-                    let before: String = self.buf.drain(..pos + OPEN.len()).collect();
-                    let before = &before[..pos];
-                    if self.calls == 0 || !before.trim().is_empty() {
-                        push_content(out, before.to_string());
-                    }
-                    self.state = State::Head;
-                    return true;
-                }
-                let keep = partial_suffix(&self.buf, OPEN);
-                let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
-                if self.calls == 0 || !emit.trim().is_empty() {
-                    push_content(out, emit);
-                }
-                false
+            State::Text => self.text(out),
+            State::Head => self.head(out),
+            State::Arguments(_) => self.arguments(out),
+            State::Tail => self.tail(),
+            State::Opaque => self.opaque(out),
+        }
+    }
+
+    /// Llama 3: a reply that opens with `{` (after the python tag) is a call.
+    fn start(&mut self) -> bool {
+        let t = self.buf.trim_start();
+        let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim_start();
+        if t.is_empty() || PYTHON_TAG.starts_with(t) {
+            return false;
+        }
+        if t.starts_with('{') {
+            self.buf = t.to_string();
+            self.state = State::Head;
+        } else {
+            self.state = State::Text;
+        }
+        true
+    }
+
+    /// Hermes text: content up to a `<tool_call>`, holding back what may be its start.
+    /// Whitespace between calls is not content.
+    fn text(&mut self, out: &mut Vec<Piece>) -> bool {
+        if let Some(pos) = self.buf.find(OPEN) {
+            let before: String = self.buf.drain(..pos + OPEN.len()).collect();
+            let before = &before[..pos];
+            if self.calls == 0 || !before.trim().is_empty() {
+                push_content(out, before.to_string());
             }
-            State::Head => match read_head(&self.buf) {
-                Head::Incomplete => false,
-                Head::Other => {
-                    self.state = State::Opaque;
-                    true
-                }
-                Head::Call { name, len } if self.names.contains(&name) => {
-                    self.buf.drain(..len);
-                    out.push(Piece::CallStart {
-                        index: self.calls,
-                        id: call_id(),
-                        name,
-                    });
-                    self.state = State::Arguments(Scan::default());
-                    true
-                }
-                Head::Call { .. } => {
-                    // Not a declared tool: the block is text.
-                    let open = if self.format == ToolFormat::Hermes {
-                        OPEN
-                    } else {
-                        ""
-                    };
-                    let text = format!("{open}{}", std::mem::take(&mut self.buf));
-                    self.state = State::Text;
-                    push_content(out, text);
-                    false
-                }
-            },
-            State::Arguments(scan) => {
-                let mut end = None;
-                for (i, c) in self.buf.char_indices() {
-                    if scan.step(c) {
-                        end = Some(i + c.len_utf8());
-                        break;
-                    }
-                }
-                let n = end.unwrap_or(self.buf.len());
-                let delta: String = self.buf.drain(..n).collect();
-                let delta = if scan.emitted == 0 {
-                    delta.trim_start().to_string()
-                } else {
-                    delta
-                };
-                scan.emitted += delta.len();
-                if !delta.is_empty() {
-                    out.push(Piece::Arguments {
-                        index: self.calls,
-                        delta,
-                    });
-                }
-                if end.is_some() {
-                    self.calls += 1;
-                    self.state = State::Tail;
-                    return true;
-                }
-                false
-            }
-            State::Tail => match self.format {
-                ToolFormat::Llama3Json => {
-                    self.buf.clear();
-                    false
-                }
-                ToolFormat::Hermes => match self.buf.find(CLOSE) {
-                    Some(pos) => {
-                        self.buf.drain(..pos + CLOSE.len());
-                        self.state = State::Text;
-                        true
-                    }
-                    None => false,
-                },
-            },
-            State::Opaque => {
-                let Some(pos) = self.buf.find(CLOSE) else {
-                    return false;
-                };
-                let block: String = self.buf.drain(..pos + CLOSE.len()).collect();
-                let body = &block[..pos];
-                if !self.whole_call(body, out) {
-                    push_content(out, format!("{OPEN}{block}"));
-                }
-                self.state = State::Text;
+            self.state = State::Head;
+            return true;
+        }
+        let keep = partial_suffix(&self.buf, OPEN);
+        let emit: String = self.buf.drain(..self.buf.len() - keep).collect();
+        if self.calls == 0 || !emit.trim().is_empty() {
+            push_content(out, emit);
+        }
+        false
+    }
+
+    fn head(&mut self, out: &mut Vec<Piece>) -> bool {
+        match read_head(&self.buf) {
+            Head::Incomplete => false,
+            Head::Other => {
+                self.state = State::Opaque;
                 true
             }
+            Head::Call { name, len } if self.names.contains(&name) => {
+                self.buf.drain(..len);
+                out.push(Piece::CallStart {
+                    index: self.calls,
+                    id: call_id(),
+                    name,
+                });
+                self.state = State::Arguments(Scan::default());
+                true
+            }
+            Head::Call { .. } => {
+                // Not a declared tool: the block is text.
+                let open = if self.format == ToolFormat::Hermes {
+                    OPEN
+                } else {
+                    ""
+                };
+                let text = format!("{open}{}", std::mem::take(&mut self.buf));
+                self.state = State::Text;
+                push_content(out, text);
+                false
+            }
         }
+    }
+
+    /// Streams the arguments value as far as it has come.
+    fn arguments(&mut self, out: &mut Vec<Piece>) -> bool {
+        let State::Arguments(scan) = &mut self.state else {
+            return false;
+        };
+        let end = self
+            .buf
+            .char_indices()
+            .find(|&(_, c)| scan.step(c))
+            .map(|(i, c)| i + c.len_utf8());
+        let delta: String = self.buf.drain(..end.unwrap_or(self.buf.len())).collect();
+        if !delta.is_empty() {
+            out.push(Piece::Arguments {
+                index: self.calls,
+                delta,
+            });
+        }
+        if end.is_some() {
+            self.calls += 1;
+            self.state = State::Tail;
+        }
+        end.is_some()
+    }
+
+    /// After the arguments: up to `</tool_call>` (Hermes); the rest of the reply (Llama 3).
+    fn tail(&mut self) -> bool {
+        match self.format {
+            ToolFormat::Llama3Json => {
+                self.buf.clear();
+                false
+            }
+            ToolFormat::Hermes => match self.buf.find(CLOSE) {
+                Some(pos) => {
+                    self.buf.drain(..pos + CLOSE.len());
+                    self.state = State::Text;
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+
+    /// A block with another head, read whole when it closes.
+    fn opaque(&mut self, out: &mut Vec<Piece>) -> bool {
+        let Some(pos) = self.buf.find(CLOSE) else {
+            return false;
+        };
+        let block: String = self.buf.drain(..pos + CLOSE.len()).collect();
+        if !self.whole_call(&block[..pos], out) {
+            push_content(out, format!("{OPEN}{block}"));
+        }
+        self.state = State::Text;
+        true
     }
 
     /// Reads `body` as one whole call JSON (`name` plus `arguments` or `parameters`).
@@ -433,8 +447,6 @@ struct Scan {
     in_string: bool,
     escaped: bool,
     started: bool,
-    /// Bytes of the value emitted so far.
-    emitted: usize,
 }
 
 impl Scan {

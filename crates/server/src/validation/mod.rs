@@ -96,19 +96,8 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
     let mut tool_calls = None;
     let source = match api {
         Api::Chat => {
-            let tools = ToolRequest::parse(f)?;
-            let mut chat = ChatPrompt::parse(f)?;
-            let prompting = ToolPrompting::for_template(tok.chat_template().map(|t| t.source()));
-            chat.prepare_tools(&prompting, tools.as_ref());
-            if let Some(t) = tools.as_ref().filter(|t| t.parses_calls()) {
-                tool_calls = Some(ToolCalls {
-                    format: prompting.format,
-                    names: t.callable().iter().map(|t| t.name.clone()).collect(),
-                });
-                if let Some(spec) = tool_call_spec(t, &prompting, output_spec.as_ref())? {
-                    output_spec = Some(spec);
-                }
-            }
+            let (chat, calls) = chat_prompt(f, &tok, &mut output_spec)?;
+            tool_calls = calls;
             Source::Chat(chat)
         }
         Api::Completions | Api::Generate => {
@@ -145,13 +134,7 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
         }
     };
     if let Some(spec) = output_spec {
-        let compiler = state.grammars.as_ref().map_err(|e| {
-            ApiError::invalid_param(
-                spec.param,
-                format!("structured outputs are unavailable for this model: {e}"),
-            )
-        })?;
-        params.constraint = Some(structured::compile(compiler, spec).await?);
+        params.constraint = Some(structured::compile(&state.grammars, spec).await?);
     }
     let cfg = state.engine.config();
     let limits = prompts
@@ -182,6 +165,31 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
         include_usage,
         tool_calls,
     })
+}
+
+/// Chat's conversation with its tools: the messages adapted to how the template meets
+/// tools, how calls are read back from the reply, and (`required` / a named function) the
+/// call grammar as the output structure.
+fn chat_prompt(
+    f: &Fields,
+    tok: &tokenmill_tokenizer::Tokenizer,
+    output_spec: &mut Option<OutputSpec>,
+) -> Result<(ChatPrompt, Option<ToolCalls>), ApiError> {
+    let tools = ToolRequest::parse(f)?;
+    let mut chat = ChatPrompt::parse(f)?;
+    let prompting = ToolPrompting::for_template(tok.chat_template().map(|t| t.source()));
+    chat.prepare_tools(&prompting, tools.as_ref());
+    let Some(t) = tools.as_ref().filter(|t| t.parses_calls()) else {
+        return Ok((chat, None));
+    };
+    if let Some(spec) = tool_call_spec(t, &prompting, output_spec.as_ref())? {
+        *output_spec = Some(spec);
+    }
+    let calls = ToolCalls {
+        format: prompting.format,
+        names: t.callable().iter().map(|t| t.name.clone()).collect(),
+    };
+    Ok((chat, Some(calls)))
 }
 
 /// The call grammar when `tool_choice` is `required` or names a function (which a

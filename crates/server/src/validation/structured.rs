@@ -185,12 +185,17 @@ fn structured_outputs(so: &Value) -> Result<Option<OutputSpec>, ApiError> {
 }
 
 /// Compiles `spec` on the blocking pool (or takes it from the compiler's cache). A grammar
-/// that does not compile is a 400 naming the field it came from.
+/// that does not compile, or a server without a compiler, is a 400 naming the field.
 pub async fn compile(
-    compiler: &Arc<GrammarCompiler>,
+    compiler: &Result<Arc<GrammarCompiler>, String>,
     spec: OutputSpec,
 ) -> Result<Constraint, ApiError> {
-    let compiler = Arc::clone(compiler);
+    let compiler = Arc::clone(compiler.as_ref().map_err(|e| {
+        ApiError::invalid_param(
+            spec.param,
+            format!("structured outputs are unavailable for this model: {e}"),
+        )
+    })?);
     let param = spec.param;
     let compiled = tokio::task::spawn_blocking(move || compiler.compile(&spec.spec))
         .await
