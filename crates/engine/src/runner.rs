@@ -12,7 +12,8 @@
 //! Before the forward pass of a step in which such requests sample, their masks are filled
 //! in parallel, one request per task on the compute pool — the forward's own threads: a
 //! helper thread beside the forward would oversubscribe the cores, and a pool worker it
-//! preempts holds up the whole step (measured: +15% TPOT on 2 cores, against ~1% this way).
+//! preempts holds up the whole step (single-stream TPOT +4% to +15% on 2 cores; see
+//! BENCHMARKS.md).
 //! The mask then cuts the logits before sampling, and the sampled token advances the state.
 //! A state that fails, or allows no token, fails that request alone ([`StepResult::failed`]).
 //!

@@ -142,7 +142,10 @@ impl ApiError {
             }
             EngineError::EmptyPrompt(_) => ApiError::invalid_param("prompt", "the prompt is empty"),
             // A grammar that compiled but failed mid-generation (its step limits).
-            EngineError::Constraint { .. } => ApiError::bad_request(e.to_string()),
+            EngineError::Constraint { message, .. } => {
+                let reason = message.trim_end_matches("<non-verbose/>").trim_end();
+                ApiError::bad_request(format!("the output constraint failed: {reason}"))
+            }
             EngineError::ZeroMaxTokens(_) => {
                 ApiError::invalid_param("max_tokens", "max_tokens must be at least 1")
             }

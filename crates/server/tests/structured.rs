@@ -169,6 +169,26 @@ async fn bad_constraints_are_400s_naming_their_field() {
         assert_eq!(r["error"]["param"], param, "{r}");
         assert_eq!(r["error"]["type"], "invalid_request_error", "{r}");
     }
+    // A regex past llguidance's lexer limits. It compiles (its first mask fits), then the
+    // engine's first step exceeds the limits: the request fails with a 400 — an error body,
+    // or an error event in the stream — and no parser dump in the message.
+    let explosive = chat(json!({"guided_regex": "(a|aa|aaa){200}(b|bb){300}c{1,5000}"}));
+    let (status, r) = post(&client(), &url("/v1/chat/completions"), &explosive).await;
+    assert_eq!(status, 400, "{r}");
+    let message = r["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("too many") && !message.contains("non-verbose"),
+        "{message}"
+    );
+    let mut streamed = explosive.clone();
+    streamed["stream"] = json!(true);
+    let chunks = post_stream(&client(), &url("/v1/chat/completions"), &streamed).await;
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["error"]["type"] == "invalid_request_error"),
+        "{chunks:?}"
+    );
     // The server is fine afterwards.
     let (status, _) = post(&client(), &url("/v1/chat/completions"), &chat(json!({}))).await;
     assert_eq!(status, 200);

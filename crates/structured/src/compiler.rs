@@ -52,6 +52,8 @@ impl GrammarCompiler {
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| StructuredError::Tokenizer(e.to_string()))?;
         factory.quiet();
+        // Errors go back to clients: the reason, not the parser's state and grammar dump.
+        factory.limits_mut().verbose_errors = false;
         Ok(GrammarCompiler {
             factory,
             cache: Mutex::new(Cache::default()),
@@ -75,16 +77,11 @@ impl GrammarCompiler {
             });
         }
         let t = Instant::now();
-        let parser = self
-            .factory
-            .create_parser(grammar)
-            .map_err(|e| StructuredError::Invalid(e.to_string()))?;
+        let parser = self.factory.create_parser(grammar).map_err(invalid)?;
         // The first mask: a grammar that allows nothing, or blows its limits at once, fails
         // now; and its lexer states are warm for every request that shares it.
         let mut first = Matcher::new(Ok(parser.clone()));
-        let mask = first
-            .compute_mask()
-            .map_err(|e| StructuredError::Invalid(e.to_string()))?;
+        let mask = first.compute_mask().map_err(invalid)?;
         if mask.num_set() == 0 {
             return Err(StructuredError::Invalid(
                 "the constraint allows no output at all".into(),
@@ -118,6 +115,12 @@ impl GrammarCompiler {
     fn lock(&self) -> std::sync::MutexGuard<'_, Cache> {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// llguidance's reason, without its `<non-verbose/>` marker.
+fn invalid(e: impl std::fmt::Display) -> StructuredError {
+    let m = e.to_string();
+    StructuredError::Invalid(m.trim_end_matches("<non-verbose/>").trim_end().to_string())
 }
 
 /// A grammar's parser at its start; each request runs a clone (sharing the lexer states).
