@@ -195,10 +195,11 @@ impl ModelRunner {
         if exec.is_recording() {
             trace_batch_shape(&mut exec, &chunks);
         }
+        // Part of preparing the batch (the profiler's `prepare_batch` stage).
+        fill_masks(&mut self.requests, out);
         drop(prepare);
         let vocab = self.model.vocab_size();
         let forward = tokenmill_trace::scope("forward", "engine");
-        fill_masks(&mut self.requests, out);
         let logits = self
             .model
             .forward(&chunks, &mut self.kv, &mut self.ws)
