@@ -41,7 +41,7 @@ pub struct ToolCall {
     pub arguments: String,
 }
 
-/// A whole reply's content (`None` when only calls, or nothing, remain) and calls.
+/// A whole reply's content (`None` when only calls remain) and calls.
 pub fn parse_reply(
     format: ToolFormat,
     names: HashSet<String>,
@@ -63,8 +63,12 @@ pub fn parse_reply(
             Piece::Arguments { index, delta } => calls[index].arguments.push_str(&delta),
         }
     }
-    let content = content.trim();
-    let content = (!content.is_empty() || calls.is_empty()).then(|| content.to_string());
+    // Beside calls, only real text is content; a reply without calls is kept as it came
+    // (the same text a stream of it delivers).
+    let content = match calls.is_empty() {
+        true => Some(content),
+        false => Some(content.trim().to_string()).filter(|c| !c.is_empty()),
+    };
     (content, calls)
 }
 
