@@ -80,7 +80,13 @@ impl ConstrainedOutput {
         if allowed == 0 {
             return Err("no token is allowed at this point".into());
         }
-        if banned.iter().filter(|&&t| self.mask.is_allowed(t)).count() == allowed {
+        // `banned` may name a token twice (EOS is often a stop token too): count each once.
+        let banned_allowed = banned
+            .iter()
+            .enumerate()
+            .filter(|&(i, t)| self.mask.is_allowed(*t) && !banned[..i].contains(t))
+            .count();
+        if banned_allowed == allowed {
             banned.clear();
         }
         self.mask.apply(logits);

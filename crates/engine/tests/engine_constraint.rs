@@ -173,6 +173,8 @@ fn the_constraint_wins_over_a_min_tokens_ban() {
     let eos = 2;
     let p = RequestParams {
         min_tokens: 4,
+        // As the server sends it: EOS both as the EOS and among the stop tokens.
+        stop_token_ids: vec![eos],
         eos_token_id: Some(eos),
         ignore_eos: false,
         constraint: constraint(Sequence(vec![eos])),
