@@ -119,12 +119,17 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Value, ApiError> {
         let Value::Object(m) = m else {
             return Err(bad(format!("messages[{i}] must be an object")));
         };
-        if !matches!(m.get("role"), Some(Value::String(_))) {
+        let Some(Value::String(role)) = m.get("role") else {
             return Err(bad(format!("messages[{i}].role must be a string")));
-        }
+        };
+        check_role_fields(i, role, m)?;
+        let has_calls = m.contains_key("tool_calls");
         let mut m = m.clone();
         let content = match m.get("content") {
-            None | Some(Value::Null) => Value::Null,
+            // An assistant turn that only called tools: its calls are what the template reads.
+            None | Some(Value::Null) if has_calls => Value::Null,
+            // An assistant turn without content: empty text (templates add strings to it).
+            None | Some(Value::Null) => Value::String(String::new()),
             Some(Value::String(s)) => Value::String(s.clone()),
             Some(Value::Array(parts)) => {
                 let mut texts = Vec::with_capacity(parts.len());
@@ -150,6 +155,54 @@ pub fn parse_messages(v: Option<&Value>) -> Result<Value, ApiError> {
         out.push(Value::Object(m));
     }
     Ok(Value::Array(out))
+}
+
+/// Roles a conversation may hold (OpenAI's; `developer` is its newer `system`).
+const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
+/// What each role needs besides its role: content unless an assistant's (which may only call
+/// tools), a `tool_call_id` for tool results, well-formed `tool_calls` for assistants.
+fn check_role_fields(i: usize, role: &str, m: &Map<String, Value>) -> Result<(), ApiError> {
+    let bad = |msg: String| ApiError::invalid_param("messages", msg);
+    if !ROLES.contains(&role) {
+        return Err(bad(format!(
+            "messages[{i}].role `{role}` is not one of {}",
+            ROLES.join(", ")
+        )));
+    }
+    let has_content = !matches!(m.get("content"), None | Some(Value::Null));
+    if role != "assistant" && !has_content {
+        return Err(bad(format!("messages[{i}] ({role}) needs a `content`")));
+    }
+    if role == "tool" && !matches!(m.get("tool_call_id"), Some(Value::String(_))) {
+        return Err(bad(format!(
+            "messages[{i}] (tool) needs a string `tool_call_id`"
+        )));
+    }
+    match m.get("tool_calls") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(calls)) if role == "assistant" => {
+            for (k, c) in calls.iter().enumerate() {
+                let f = c.get("function");
+                let name_ok = f.and_then(|f| f.get("name")).is_some_and(Value::is_string);
+                let args_ok = f
+                    .and_then(|f| f.get("arguments"))
+                    .is_none_or(|a| a.is_string() || a.is_object());
+                if !name_ok || !args_ok {
+                    return Err(bad(format!(
+                        "messages[{i}].tool_calls[{k}] needs `function.name` (a string) and \
+                         `function.arguments` (a JSON string)"
+                    )));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(bad(format!(
+                "messages[{i}].tool_calls must be an array on an assistant message"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The template variables beyond `messages`: `tools`, `chat_template_kwargs`.
@@ -287,6 +340,15 @@ mod tests {
         .unwrap();
         assert_eq!(m[0]["content"], "a\nb");
         assert_eq!(m[1]["name"], "x");
+        assert_eq!(
+            m[1]["content"], "",
+            "a bare assistant turn renders as empty text"
+        );
+        let calls = json!([{"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c", "content": "42"}]);
+        let m = parse_messages(Some(&calls)).unwrap();
+        assert!(m[0]["content"].is_null());
         for bad in [
             json!([]),
             json!("hi"),
@@ -295,6 +357,14 @@ mod tests {
             json!([{"role": "user", "content": 5}]),
             json!([{"role": "user", "content": [{"type": "image_url"}]}]),
             json!([3]),
+            json!([{"role": "wizard", "content": "hi"}]),
+            json!([{"role": "user"}]),
+            json!([{"role": "system", "content": null}]),
+            json!([{"role": "tool", "content": "42"}]),
+            json!([{"role": "user", "content": "x", "tool_calls": []}]),
+            json!([{"role": "assistant", "tool_calls": {}}]),
+            json!([{"role": "assistant", "tool_calls": [{"function": {"arguments": "{}"}}]}]),
+            json!([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 3}}]}]),
         ] {
             let e = parse_messages(Some(&bad)).unwrap_err();
             assert_eq!(e.param.as_deref(), Some("messages"), "{bad}");
