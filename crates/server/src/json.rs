@@ -7,32 +7,76 @@
 //! error can say exactly which parameter is wrong and why, and so that unknown fields are
 //! ignored (as OpenAI's and vLLM's servers do). `null` reads as absent everywhere.
 
+use std::time::Duration;
+
+use axum::body::Body;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
-use bytes::Bytes;
+use axum::http::{StatusCode, header};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
 use serde_json::{Map, Value};
 
 use crate::error::ApiError;
+use crate::state::SharedState;
+
+/// How much of a body over the limit is still read (and dropped) before the 413 goes out.
+pub const DRAIN_MAX_BYTES: usize = 64 << 20;
+/// How long that draining may take.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A request body that is a JSON object.
 pub struct JsonBody(pub Fields);
 
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
+impl FromRequest<SharedState> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = match Bytes::from_request(req, state).await {
-            Ok(b) => b,
-            Err(rej) if rej.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                return Err(ApiError {
-                    status: StatusCode::PAYLOAD_TOO_LARGE,
-                    ..ApiError::bad_request("the request body is larger than the server's limit")
-                });
-            }
-            Err(rej) => return Err(ApiError::bad_request(rej.body_text())),
-        };
+    async fn from_request(req: Request, state: &SharedState) -> Result<Self, Self::Rejection> {
+        let bytes = read_limited(req, state.config.max_body_bytes).await?;
         parse_object(&bytes).map(|m| JsonBody(Fields(m)))
     }
+}
+
+fn too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        ..ApiError::bad_request("the request body is larger than the server's limit")
+    }
+}
+
+/// The body of `req`, at most `limit` bytes. A larger body is read on and dropped — up to
+/// [`DRAIN_MAX_BYTES`] within [`DRAIN_TIMEOUT`] — before the 413, so a client that writes
+/// its whole body before reading the answer (Python's `urllib`, most SDKs) gets the 413
+/// instead of a connection reset. A body that declares more than that is refused at once.
+pub async fn read_limited(req: Request, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > DRAIN_MAX_BYTES) {
+        return Err(too_large());
+    }
+    let mut stream = Body::into_data_stream(req.into_body());
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
+    while let Some(chunk) = stream.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        if buf.len() + chunk.len() > limit {
+            let mut seen = buf.len() + chunk.len();
+            let drain = async {
+                while let Some(Ok(c)) = stream.next().await {
+                    seen += c.len();
+                    if seen > DRAIN_MAX_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
+            return Err(too_large());
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(buf.freeze())
 }
 
 /// Parses a body that must be a JSON object.

@@ -640,3 +640,34 @@ async fn bad_input_matrix_then_a_good_request() {
         Some(true)
     );
 }
+
+/// A client that writes its whole oversized body before reading (Python's `urllib` does)
+/// gets the 413, not a reset connection: the server reads the rest before answering.
+#[tokio::test]
+async fn an_oversized_body_written_whole_still_gets_its_413() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = url("").trim_start_matches("http://").to_string();
+    let body = format!(
+        r#"{{"model": "{MODEL}", "prompt": "{}"}}"#,
+        "a".repeat(30 << 20)
+    );
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body.as_bytes())
+        .await
+        .expect("the server stopped reading the body");
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .await
+        .expect("the connection was reset");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("larger than the server's limit"),
+        "{answer}"
+    );
+}

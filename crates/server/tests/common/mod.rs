@@ -34,7 +34,8 @@ pub fn server_config() -> ServerConfig {
 }
 
 /// A client opening a fresh connection per request: the server closes a connection whose
-/// request body it refused unread (413), and reusing it would race that close.
+/// request body it refused unread (a 413 over `json::DRAIN_MAX_BYTES`), and reusing it
+/// would race that close.
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
