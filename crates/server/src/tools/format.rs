@@ -36,9 +36,8 @@ impl ToolPrompting {
     pub fn for_template(source: Option<&str>) -> ToolPrompting {
         let src = source.unwrap_or("");
         let native = src.contains("tools");
-        let format = if native && !src.contains("<tool_call>") && src.contains("python_tag")
-            || native && !src.contains("<tool_call>") && src.contains("\"parameters\"")
-        {
+        let llama3 = src.contains("python_tag") || src.contains("\"parameters\"");
+        let format = if native && !src.contains("<tool_call>") && llama3 {
             ToolFormat::Llama3Json
         } else {
             ToolFormat::Hermes
