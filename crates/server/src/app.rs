@@ -1,7 +1,7 @@
 //! The router, its middleware, and serving with a graceful drain.
 //!
 //! Layers, outermost first: CORS (only with `allowed_origins`), request log + rejection
-//! counting, the drain gate (POSTs get 503 once draining), the API key (every route but
+//! counting + the `X-Request-Id` of every response (the client's, or a fresh one), the drain gate (POSTs get 503 once draining), the API key (every route but
 //! `/health`, and `/metrics` unless `api_key_metrics`), the body limit (413). Unknown routes
 //! are 404 and wrong methods 405, both in OpenAI's error shape.
 //!
@@ -128,10 +128,30 @@ async fn drain_gate(State(state): State<SharedState>, req: Request, next: Next) 
 
 /// Logs each request (method, path, status, time; never bodies) and counts client errors
 /// other than 401/429, which are counted where they are decided.
+/// The request's id: the client's `X-Request-Id` when it is 1 to 128 visible ASCII
+/// characters, else a fresh 32-hex-digit one.
+fn request_id(req: &Request) -> HeaderValue {
+    req.headers()
+        .get("x-request-id")
+        .filter(|v| {
+            let b = v.as_bytes();
+            !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            let id = format!("{:032x}", rand::random::<u128>());
+            HeaderValue::from_str(&id).unwrap_or(HeaderValue::from_static("unknown"))
+        })
+}
+
 async fn log_and_count(State(state): State<SharedState>, req: Request, next: Next) -> Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let id = request_id(&req);
     let t = Instant::now();
-    let resp = next.run(req).await;
+    let mut resp = next.run(req).await;
+    // Every answer, errors included, names its request (as OpenAI's and vLLM's do).
+    resp.headers_mut().insert("x-request-id", id.clone());
+    let request_id = id.to_str().unwrap_or("");
     let status = resp.status();
     if status.is_client_error()
         && status != StatusCode::TOO_MANY_REQUESTS
@@ -144,9 +164,9 @@ async fn log_and_count(State(state): State<SharedState>, req: Request, next: Nex
     }
     let ms = t.elapsed().as_secs_f64() * 1e3;
     if path == "/health" || path == "/metrics" {
-        tracing::debug!(%method, %path, status = status.as_u16(), ms, "request");
+        tracing::debug!(%method, %path, status = status.as_u16(), ms, request_id, "request");
     } else {
-        tracing::info!(%method, %path, status = status.as_u16(), ms, "request");
+        tracing::info!(%method, %path, status = status.as_u16(), ms, request_id, "request");
     }
     resp
 }

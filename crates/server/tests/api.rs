@@ -671,3 +671,47 @@ async fn an_oversized_body_written_whole_still_gets_its_413() {
         "{answer}"
     );
 }
+
+/// Every answer carries an `X-Request-Id`: the client's when it sent one, else a fresh one —
+/// successes, 400s, 404s and 405s alike.
+#[tokio::test]
+async fn every_response_names_its_request_id() {
+    let c = client();
+    let good = json!({"model": MODEL, "prompt": "Hi", "max_tokens": 1});
+    let bad = json!({"model": MODEL, "prompt": "Hi", "temperature": -1});
+    let sent = c
+        .post(url("/v1/completions"))
+        .header("x-request-id", "trace-abc-123")
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sent.status(), 400);
+    assert_eq!(sent.headers()["x-request-id"], "trace-abc-123");
+    let mut seen = Vec::new();
+    for r in [
+        c.post(url("/v1/completions"))
+            .json(&good)
+            .send()
+            .await
+            .unwrap(),
+        c.post(url("/v1/completions"))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap(),
+        c.get(url("/no/such/route")).send().await.unwrap(),
+        c.get(url("/v1/completions")).send().await.unwrap(),
+    ] {
+        let id = r.headers()["x-request-id"].to_str().unwrap().to_string();
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+        seen.push((r.status().as_u16(), id));
+    }
+    let statuses: Vec<u16> = seen.iter().map(|s| s.0).collect();
+    assert_eq!(statuses, [200, 400, 404, 405]);
+    let distinct: std::collections::HashSet<&String> = seen.iter().map(|s| &s.1).collect();
+    assert_eq!(distinct.len(), 4, "ids must differ: {seen:?}");
+}
