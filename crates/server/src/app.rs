@@ -289,7 +289,11 @@ fn loading_router(slot: Slot) -> Router {
                     Ok(resp) => resp,
                     Err(never) => match never {},
                 },
-                None => ApiError::loading().into_response(),
+                None => {
+                    let mut resp = ApiError::loading().into_response();
+                    resp.headers_mut().insert("x-request-id", request_id(&req));
+                    resp
+                }
             }
         }
     })

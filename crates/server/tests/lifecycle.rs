@@ -348,6 +348,11 @@ async fn health_is_503_while_loading_and_a_failed_load_ends_the_server() {
     let r = c.get(format!("{base}/health")).send().await.unwrap();
     assert_eq!(r.status(), 503);
     assert_eq!(r.headers()["retry-after"], "1");
+    assert_eq!(
+        r.headers()["x-request-id"].len(),
+        32,
+        "the loading answer names its request"
+    );
     let (status, e) = post(
         &c,
         &format!("{base}/v1/completions"),
