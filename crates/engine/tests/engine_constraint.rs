@@ -5,15 +5,16 @@
 //! The constraints here are small hand-written ones (the engine knows only the two traits);
 //! the grammar-backed ones are tested in `tokenmill-structured` and the server.
 
+mod real_model;
+
 use std::sync::Arc;
 
+use real_model::params;
+
 use tokenmill_engine::{
-    Constraint, ConstraintState, EngineError, EngineHandle, FinishReason, ModelRunner,
-    OutputConstraint, RequestParams, RequestStream, SamplingParams, SchedulerConfig, StreamEvent,
-    TokenMask, start,
+    Constraint, ConstraintState, EngineError, EngineHandle, FinishReason, OutputConstraint,
+    RequestParams, RequestStream, SamplingParams, SchedulerConfig, StreamEvent, TokenMask,
 };
-use tokenmill_gguf::GgufFile;
-use tokenmill_model::LlamaModel;
 
 const PROMPTS: [&[u32]; 3] = [
     &[1, 504, 3458, 282, 4649, 314],
@@ -104,6 +105,7 @@ fn constraint(c: impl OutputConstraint + 'static) -> Option<Constraint> {
     Some(Constraint::new(Arc::new(c)))
 }
 
+/// The default model with `num_blocks` KV blocks of 16, up to 8 sequences.
 fn engine(num_blocks: usize) -> EngineHandle {
     let config = SchedulerConfig {
         num_blocks,
@@ -113,19 +115,7 @@ fn engine(num_blocks: usize) -> EngineHandle {
         max_model_len: 512,
         ..SchedulerConfig::default()
     };
-    let model =
-        LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    let runner = ModelRunner::new(model, &config);
-    start(runner, config).unwrap().0
-}
-
-fn params(max_tokens: usize, sampling: SamplingParams) -> RequestParams {
-    RequestParams {
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        sampling,
-        ..RequestParams::default()
-    }
+    real_model::engine(config)
 }
 
 /// Tokens and finish reason of a stream, or the error that ended it.

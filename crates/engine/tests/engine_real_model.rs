@@ -1,13 +1,14 @@
 //! The engine on the real default model: batching, chunking, preemption and prefix caching
 //! must not change what a request generates.
 
+mod real_model;
+
+use real_model::{engine, params};
 use serde_json::Value;
 use tokenmill_engine::{
-    EngineHandle, FinishReason, ModelRunner, RequestParams, RequestStream, SamplingParams,
-    SchedulerConfig, StreamEvent, start,
+    EngineHandle, FinishReason, RequestParams, RequestStream, SamplingParams, SchedulerConfig,
+    StreamEvent,
 };
-use tokenmill_gguf::GgufFile;
-use tokenmill_model::LlamaModel;
 
 /// Prompts of the HF greedy fixture (varied lengths: 5 to ~40 tokens).
 fn prompts() -> Vec<Vec<u32>> {
@@ -26,22 +27,6 @@ fn prompts() -> Vec<Vec<u32>> {
                 .collect()
         })
         .collect()
-}
-
-fn engine(config: SchedulerConfig) -> EngineHandle {
-    let model =
-        LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    let runner = ModelRunner::new(model, &config);
-    start(runner, config).unwrap().0
-}
-
-fn params(max_tokens: usize, sampling: SamplingParams) -> RequestParams {
-    RequestParams {
-        max_tokens: Some(max_tokens),
-        ignore_eos: true,
-        sampling,
-        ..RequestParams::default()
-    }
 }
 
 /// Collects a stream's tokens; checks it ends with `Length`.
