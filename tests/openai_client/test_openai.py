@@ -7,19 +7,14 @@ errors. Runs without pytest; prints one line per test and a closing `N passed, M
 """
 
 import sys
-import traceback
 
 import openai
 from openai import OpenAI
 
+from harness import main, test
+
 BASE, MODEL = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=120)
-TESTS = []
-
-
-def test(f):
-    TESTS.append(f)
-    return f
 
 
 def complete(**kw):
@@ -150,20 +145,6 @@ def errors_are_typed():
         raise AssertionError("no error")
     except openai.NotFoundError as e:
         assert e.status_code == 404
-
-
-def main():
-    passed = failed = 0
-    for t in TESTS:
-        try:
-            t()
-            passed += 1
-            print(f"PASS {t.__name__}", flush=True)
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__}\n{traceback.format_exc()}", flush=True)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":

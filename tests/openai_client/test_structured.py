@@ -7,12 +7,11 @@ Every constrained reply must parse and validate (jsonschema) against its schema:
 set of schemas, greedy and sampled, alone and at concurrency 16 mixed with free requests
 (which must generate exactly what they generate alone). Tool calls: required, named and
 parallel_tool_calls=false, streamed and not, and a call -> tool result -> answer round trip.
-Runs without pytest; prints one line per test and a closing `N passed, M failed`.
+Runs without pytest (harness.py): one line per test and a closing `N passed, M failed`.
 """
 
 import json
 import sys
-import traceback
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -20,14 +19,10 @@ import openai
 from openai import OpenAI
 from pydantic import BaseModel, Field
 
+from harness import main, test
+
 BASE, MODEL = sys.argv[1], sys.argv[2]
 client = OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=300)
-TESTS = []
-
-
-def test(f):
-    TESTS.append(f)
-    return f
 
 
 USER = [{"role": "user", "content": "Describe a person from Paris as JSON."}]
@@ -357,22 +352,6 @@ def bad_schemas_and_tools_are_400s_naming_the_field():
             assert e.body.get("param") == param, (param, e.body)
         else:
             raise AssertionError(f"no error for {param}")
-
-
-def main():
-    passed = failed = 0
-    for t in TESTS:
-        try:
-            t()
-        except Exception:
-            failed += 1
-            print(f"FAIL {t.__name__}")
-            traceback.print_exc()
-        else:
-            passed += 1
-            print(f"ok   {t.__name__}")
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
