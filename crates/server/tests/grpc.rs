@@ -10,26 +10,17 @@ use common::{TestServer, client, post};
 use serde_json::{Map, Value, json};
 use tokenmill_server::grpc::{RemoteTokenizer, serve_tokenizer};
 use tokenmill_server::{AppState, TokenizerPool};
+use tokenmill_testutil::server::serve_on_ephemeral_port;
 use tokenmill_tokenizer::Tokenizer;
 
 /// Starts the service on an ephemeral port on its own runtime; returns its URL.
 fn start_service(tok: Arc<Tokenizer>) -> String {
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
+    let (addr, _thread) = serve_on_ephemeral_port(move |listener| async move {
+        serve_tokenizer(listener, tok, 2, std::future::pending())
+            .await
             .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            serve_tokenizer(listener, tok, 2, std::future::pending())
-                .await
-                .unwrap();
-        });
     });
-    format!("http://{}", rx.recv().unwrap())
+    format!("http://{addr}")
 }
 
 fn fixture_cases() -> Vec<Value> {

@@ -2,16 +2,42 @@
 //! model, on an ephemeral loopback port, on a runtime thread of its own. Dropping it (or
 //! [`TestServer::stop`]) signals shutdown, which drains in-flight requests, and joins it.
 
+use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use tokenmill_engine::EngineConfig;
 use tokenmill_server::{AppState, Loaded, ServerConfig, SharedState, TokenizerPool};
+use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 /// The default model with its engine launched under `config`.
 pub fn load_default_model(config: &EngineConfig) -> Loaded {
     tokenmill_server::load(&crate::model_path(), config).expect("loading the default model")
+}
+
+/// Runs `serve` on a listener bound to an ephemeral loopback port, on a runtime thread of
+/// its own (2 workers); returns the port's address once bound, and the thread.
+pub fn serve_on_ephemeral_port<F, Fut>(serve: F) -> (SocketAddr, JoinHandle<()>)
+where
+    F: FnOnce(TcpListener) -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            addr_tx.send(listener.local_addr().unwrap()).unwrap();
+            serve(listener).await;
+        });
+    });
+    (addr_rx.recv().unwrap(), thread)
 }
 
 /// A server running on its own runtime thread.
@@ -35,25 +61,14 @@ impl TestServer {
     pub fn start_with(state: AppState) -> TestServer {
         let state = Arc::new(state);
         let (tx, rx) = oneshot::channel::<()>();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let st = state.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-                addr_tx.send(listener.local_addr().unwrap()).unwrap();
-                tokenmill_server::serve(listener, st, async {
-                    let _ = rx.await;
-                })
-                .await
-                .unwrap();
-            });
+        let (addr, thread) = serve_on_ephemeral_port(move |listener| async move {
+            tokenmill_server::serve(listener, st, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
         });
-        let addr = addr_rx.recv().unwrap();
         TestServer {
             base: format!("http://{addr}"),
             state,
