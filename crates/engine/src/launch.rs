@@ -22,6 +22,7 @@ use crate::kv_memory::{KvCacheMemory, num_blocks_for_memory, system_memory_bytes
 use crate::runner::ModelRunner;
 use crate::scheduler::{Batching, SchedulerConfig, SchedulingPolicy};
 use crate::sla::SlaTargets;
+use crate::spec::SpeculativeConfig;
 
 /// Static batching (for comparison runs): a batch forms once full or after this wait.
 pub const STATIC_BATCH_MAX_WAIT: Duration = Duration::from_millis(100);
@@ -45,6 +46,8 @@ pub struct EngineConfig {
     pub policy: SchedulingPolicy,
     pub batching: Batching,
     pub sla: SlaTargets,
+    /// Speculative decoding (`--speculative-config`).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +63,7 @@ impl Default for EngineConfig {
             policy: SchedulingPolicy::Fcfs,
             batching: Batching::Continuous,
             sla: SlaTargets::default(),
+            speculative: None,
         }
     }
 }
@@ -131,6 +135,7 @@ impl EngineConfig {
             enable_prefix_caching: self.enable_prefix_caching,
             batching: self.batching,
             sla: self.sla,
+            speculative: self.speculative,
             ..SchedulerConfig::default()
         };
         config.validate()?;

@@ -6,7 +6,8 @@
 //! Data path of one step: [`Scheduler::schedule_into`] → [`SchedulerOutput`] (plain data:
 //! the [`NewRequest`]s the runner has not seen, one [`ScheduledChunk`] per request, each a
 //! `tokenmill_model::SeqChunk`) → [`ModelRunner::execute`]: forward, one sampled token per
-//! `sample` chunk → [`Scheduler::update_from_output`] → one [`RequestOutput`] per token;
+//! `sample` chunk (several when a chunk verifies drafts: [`spec`]) →
+//! [`Scheduler::update_from_output`] → one [`RequestOutput`] per token;
 //! [`Scheduler::record_step`] feeds the measured step time back.
 
 pub mod block_hash;
@@ -24,6 +25,7 @@ pub mod scheduler;
 pub mod scheduler_config;
 pub mod scheduler_output;
 pub mod sla;
+pub mod spec;
 
 pub use block_pool::{BlockId, BlockPool};
 pub use constraint::{Constraint, ConstraintState, OutputConstraint, TokenMask};
@@ -41,4 +43,5 @@ pub use scheduler_output::{
     NewRequest, PadChunk, RequestOutput, ScheduledChunk, SchedulerOutput, TokenOutput,
 };
 pub use sla::{SlaTargets, StepCoefficients, StepFeatures, StepTimeModel, StepTimeStats};
+pub use spec::{SpecDecodeStats, SpecMethod, SpeculativeConfig};
 pub use tokenmill_model::KvDtype;

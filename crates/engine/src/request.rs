@@ -111,6 +111,11 @@ pub struct Request {
     pub(crate) admitted_once: bool,
     /// Whether a `SchedulerOutput` has carried it to the runner (as a `NewRequest`).
     pub(crate) announced: bool,
+    /// Speculative decoding: the drafts planned for this step (not part of `token_ids`
+    /// until accepted), and the request's verified and accepted drafts so far.
+    pub(crate) drafts: Vec<u32>,
+    pub(crate) num_draft_tokens: u64,
+    pub(crate) num_accepted_tokens: u64,
 }
 
 impl Request {
@@ -131,6 +136,9 @@ impl Request {
             block_hashes: Vec::new(),
             admitted_once: false,
             announced: false,
+            drafts: Vec::new(),
+            num_draft_tokens: 0,
+            num_accepted_tokens: 0,
         }
     }
 
@@ -174,13 +182,25 @@ impl Request {
         self.num_prompt_tokens + self.max_tokens - 1
     }
 
+    /// The request's tokens, and its draft buffer to propose into.
+    pub(crate) fn tokens_and_drafts(&mut self) -> (&[u32], &mut Vec<u32>) {
+        (&self.token_ids, &mut self.drafts)
+    }
+
+    /// Most drafts that can follow the last token: accepting `k` drafts and the token after
+    /// them must stay within `max_tokens` and the model length.
+    pub(crate) fn max_drafts(&self, max_model_len: usize) -> usize {
+        let by_tokens = self.max_tokens.saturating_sub(self.num_output_tokens() + 1);
+        let by_len = max_model_len.saturating_sub(self.num_tokens() + 1);
+        by_tokens.min(by_len)
+    }
+
     /// Recomputes the prefix-cache keys of the full blocks for `block_size`.
     pub(crate) fn rehash(&mut self, block_size: usize) {
         self.block_hashes.clear();
         extend_block_hashes(&mut self.block_hashes, &self.token_ids, block_size);
     }
 
-    /// Appends a sampled token and returns why the request is now finished, if it is.
     /// Appends a sampled token; `complete`: the request's output constraint allows nothing
     /// after it.
     pub(crate) fn append_output(

@@ -125,7 +125,12 @@ impl ModelRunner {
         let model = model.into();
         let num_blocks = config.num_blocks;
         let kv = model.kv_cache_with_dtype(num_blocks + 1, config.block_size, kv_dtype);
-        let ws = model.workspace(config.max_num_batched_tokens, config.max_num_seqs);
+        // A verification chunk wants the logits of each of its drafts too.
+        let drafts = config.speculative.map_or(0, |s| s.num_speculative_tokens);
+        let logit_rows = (config.max_num_seqs * (1 + drafts))
+            .min(config.max_num_batched_tokens)
+            .max(config.max_num_seqs);
+        let ws = model.workspace(config.max_num_batched_tokens, logit_rows);
         ModelRunner {
             model,
             kv,
@@ -224,41 +229,70 @@ impl ModelRunner {
                     c.req_id
                 )));
             };
-            if sc.logits == LogitsWanted::All {
+            if sc.logits == LogitsWanted::All && c.num_draft_tokens == 0 {
                 let entries = prompt_logprobs(req, c, rows, vocab);
                 result
                     .prompt_logprobs
                     .push((c.req_id, c.start_pos + 1, entries));
             }
             if c.sample {
-                let last = &mut rows[(n_rows - 1) * vocab..];
-                match sample_next(req, c, last, &mut self.banned) {
-                    Ok(sampled) => result.sampled.push((c.req_id, sampled)),
-                    Err(message) => {
-                        let id = c.req_id;
-                        result
-                            .failed
-                            .push((id, EngineError::Constraint { id, message }));
-                    }
-                }
+                let drafts = &sc.tokens[sc.tokens.len() - c.num_draft_tokens..];
+                let first = n_rows - 1 - drafts.len();
+                let rows = &mut rows[first * vocab..];
+                verify(req, c, drafts, rows, vocab, &mut self.banned, &mut result);
             }
         }
         Ok(result)
     }
 }
 
-/// Samples the next token of `req` from its row of logits: EOS and stop tokens banned
-/// before `min_tokens` (into the `banned` scratch), the constraint's mask applied and its
-/// state advanced. `Err`: the constraint failed.
-fn sample_next(
+/// Samples the tokens of a chunk that samples: `rows` holds the logits of its last token and
+/// of each of its `drafts` (none without speculation). Row `i` is sampled as a plain decode
+/// would be; the draft at `i` is accepted iff the sampled token equals it, and sampling goes
+/// on to the next row only then (see `spec`). Each sampled token goes into `result`, in
+/// order; a failing constraint fails the request instead.
+fn verify(
     req: &mut RunnerRequest,
     c: &ScheduledChunk,
+    drafts: &[u32],
+    rows: &mut [f32],
+    vocab: usize,
+    banned: &mut Vec<u32>,
+    result: &mut StepResult,
+) {
+    for (i, row) in rows.chunks_exact_mut(vocab).enumerate() {
+        match sample_next(req, c.num_output_tokens + i, row, banned) {
+            Ok(sampled) => {
+                let accepted = drafts.get(i) == Some(&sampled.token);
+                result.sampled.push((c.req_id, sampled));
+                if !accepted {
+                    return;
+                }
+            }
+            Err(message) => {
+                let id = c.req_id;
+                result
+                    .failed
+                    .push((id, EngineError::Constraint { id, message }));
+                return;
+            }
+        }
+    }
+}
+
+/// Samples the next token of `req` from its row of logits, the request having
+/// `num_output_tokens` outputs before it: EOS and stop tokens banned before `min_tokens`
+/// (into the `banned` scratch), the constraint's mask applied and its state advanced.
+/// `Err`: the constraint failed.
+fn sample_next(
+    req: &mut RunnerRequest,
+    num_output_tokens: usize,
     logits: &mut [f32],
     banned: &mut Vec<u32>,
 ) -> Result<Sampled, String> {
     let p = &req.params;
     banned.clear();
-    if c.num_output_tokens < p.min_tokens && !p.ignore_eos {
+    if num_output_tokens < p.min_tokens && !p.ignore_eos {
         banned.extend(p.stop_token_ids.iter().chain(&p.eos_token_id));
     }
     if let Some(con) = &mut req.constraint {
@@ -400,6 +434,7 @@ mod tests {
         out.push_chunk(
             RequestId(id),
             &PROMPT,
+            &[],
             0,
             &blocks,
             logits,

@@ -58,6 +58,7 @@ use crate::sampler::Sampled;
 pub use crate::scheduler_config::{Batching, SchedulerConfig, SchedulingPolicy};
 use crate::scheduler_output::{NewRequest, PadChunk, RequestOutput, SchedulerOutput, TokenOutput};
 use crate::sla::{StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
+use crate::spec::{SpecDecodeStats, SpecMethod, adaptive, ngram};
 
 /// Gauges and counters for metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -71,6 +72,7 @@ pub struct SchedulerStats {
     pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
     pub step_time: StepTimeStats,
+    pub spec_decode: SpecDecodeStats,
 }
 
 /// Waiting-queue order: `(priority or 0, arrival_seq, id)`.
@@ -83,6 +85,9 @@ struct StepBudget {
     features: StepFeatures,
     /// Step-time cap in ms, when SLA targets apply.
     cap_ms: Option<f64>,
+    /// Speculative decoding: the acceptance chance a draft must clear to be verified this step
+    /// (see `spec::adaptive`).
+    draft_threshold: f64,
 }
 
 pub struct Scheduler {
@@ -103,6 +108,7 @@ pub struct Scheduler {
     step_model: StepTimeModel,
     /// Static batching: (members, longest prompt) of the batch now running.
     static_batch: Option<(usize, usize)>,
+    spec_stats: SpecDecodeStats,
 }
 
 impl Scheduler {
@@ -125,6 +131,7 @@ impl Scheduler {
             num_preemptions: 0,
             step_model: StepTimeModel::default(),
             static_batch: None,
+            spec_stats: SpecDecodeStats::default(),
         })
     }
 
@@ -167,6 +174,7 @@ impl Scheduler {
             prefix_cache: self.kv.prefix_cache_stats(),
             num_preemptions: self.num_preemptions,
             step_time: self.step_model.stats(),
+            spec_decode: self.spec_stats,
         }
     }
 
@@ -276,18 +284,34 @@ impl Scheduler {
             if req.status != RequestStatus::Running || req.num_computed_tokens != c.start_pos {
                 continue; // aborted meanwhile, or a stale output
             }
-            req.num_computed_tokens += c.num_tokens;
+            // Drafts count as computed once accepted (below).
+            req.num_computed_tokens += c.num_tokens - c.num_draft_tokens;
             self.kv
                 .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
+            if c.num_draft_tokens > 0 {
+                req.num_draft_tokens += c.num_draft_tokens as u64;
+                self.spec_stats.num_drafts += 1;
+                self.spec_stats.num_draft_tokens += c.num_draft_tokens as u64;
+            }
         }
         let (bs, max_len) = (self.config.block_size, self.config.max_model_len);
         let mut outputs = Vec::with_capacity(sampled.len());
         let mut any_finished = false;
+        let mut previous = None;
         for (id, s) in sampled {
+            let follows_draft = previous.replace(id) == Some(id);
             let Some(req) = self.requests.get_mut(&id) else {
                 continue;
             };
-            if req.status != RequestStatus::Running || req.num_uncomputed_tokens() != 0 {
+            if req.status != RequestStatus::Running {
+                continue;
+            }
+            if follows_draft && accept_draft(out, req) {
+                self.spec_stats.num_accepted_tokens += 1;
+                self.kv
+                    .cache_blocks(id, &req.block_hashes, req.num_computed_tokens);
+            }
+            if req.num_uncomputed_tokens() != 0 {
                 continue;
             }
             let finish_reason = req.append_output(s.token, s.complete, bs, max_len);
@@ -319,6 +343,45 @@ impl Scheduler {
             self.running.retain(|id| requests.contains_key(id));
         }
         outputs
+    }
+
+    /// The engine-wide draft acceptance rate, with an optimistic prior before the first
+    /// drafts (so speculation gets tried).
+    fn global_acceptance(&self) -> f64 {
+        const PRIOR: f64 = 0.7;
+        let s = &self.spec_stats;
+        adaptive::acceptance(s.num_accepted_tokens, s.num_draft_tokens, PRIOR)
+    }
+
+    /// Proposes drafts for the decode of running request `id` and keeps those worth
+    /// verifying this step (at most `room`); returns how many.
+    fn plan_drafts(&mut self, id: RequestId, budget: &StepBudget, room: usize) -> usize {
+        let Some(spec) = self.config.speculative else {
+            return 0;
+        };
+        let global = self.global_acceptance();
+        let max_len = self.config.max_model_len;
+        let req = self.requests.get_mut(&id).expect("running request exists");
+        req.drafts.clear();
+        if req.params.constraint.is_some() {
+            return 0;
+        }
+        let k = spec
+            .num_speculative_tokens
+            .min(req.max_drafts(max_len))
+            .min(room);
+        let SpecMethod::Ngram {
+            prompt_lookup_min,
+            prompt_lookup_max,
+        } = spec.method;
+        let (tokens, drafts) = req.tokens_and_drafts();
+        ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts);
+        if spec.adaptive {
+            let alpha = adaptive::acceptance(req.num_accepted_tokens, req.num_draft_tokens, global);
+            let keep = adaptive::drafts_to_verify(req.drafts.len(), alpha, budget.draft_threshold);
+            req.drafts.truncate(keep);
+        }
+        req.drafts.len()
     }
 
     /// Feeds the measured duration of the step `out` described to the step-time model (an
@@ -359,12 +422,20 @@ impl Scheduler {
     /// cap for prefill knows what they will cost.
     fn step_budget(&self, sla: bool) -> StepBudget {
         let mut features = StepFeatures::default();
+        let mut context = 0;
         for id in &self.running {
             let r = &self.requests[id];
             if is_decode(r, r.num_uncomputed_tokens()) {
                 features.add_chunk(r.num_computed_tokens, 1, true);
+                context += r.num_computed_tokens;
             }
         }
+        let draft_threshold = if self.config.speculative.is_some() {
+            let mean_context = context / features.decode_seqs.max(1);
+            adaptive::threshold(&self.step_model, &features, mean_context)
+        } else {
+            1.0
+        };
         let t = self.config.sla;
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         let mut cap_ms = None;
@@ -380,6 +451,7 @@ impl Scheduler {
             tokens: self.config.max_num_batched_tokens,
             features,
             cap_ms,
+            draft_threshold,
         }
     }
 
@@ -392,10 +464,11 @@ impl Scheduler {
             let req = &self.requests[&id];
             let (start, left) = (req.num_computed_tokens, req.num_uncomputed_tokens());
             debug_assert!(left > 0, "request {id} was not given its sampled token");
-            let n = if is_decode(req, left) {
-                1
+            let reserve = self.running.len() - i - 1;
+            let mut n = if is_decode(req, left) {
+                let room = budget.tokens.saturating_sub(1 + reserve);
+                1 + self.plan_drafts(id, budget, room)
             } else {
-                let reserve = self.running.len() - i - 1;
                 self.prefill_chunk(budget, start, left, reserve)
             };
             if n == 0 {
@@ -410,6 +483,11 @@ impl Scheduler {
                     self.take(budget, id, start, n, left);
                     i += 1;
                     break;
+                }
+                if n > left {
+                    // No room for the drafts: decode without them rather than preempt.
+                    n = left;
+                    continue;
                 }
                 let victim = self.pick_victim();
                 let victim_id = self.running[victim];
@@ -557,6 +635,13 @@ impl Scheduler {
         budget.tokens -= n;
         if !is_decode(&self.requests[&id], left) {
             budget.features.add_chunk(start, n, false);
+        } else if n > 1 {
+            // The decode row is counted already; add its drafts' rows and attention.
+            let mut drafts = StepFeatures::default().with_chunk(start, n, true);
+            drafts.decode_seqs -= 1;
+            drafts.context_tokens -= StepFeatures::attention_pairs(start, 1);
+            budget.features.decode_seqs += drafts.decode_seqs;
+            budget.features.context_tokens += drafts.context_tokens;
         }
         self.plan.push((id, n));
     }
@@ -679,12 +764,13 @@ impl Scheduler {
             }
             let req = &self.requests[&id];
             let start = req.num_computed_tokens;
-            let end = start + n;
+            let end = (start + n).min(req.num_tokens());
+            let drafts = &req.drafts[..start + n - end];
             let sample = end == req.num_tokens();
             let echo = req.params.prompt_logprobs
                 && start < req.num_prompt_tokens()
                 && req.num_output_tokens() == 0;
-            let logits = if echo {
+            let logits = if echo || !drafts.is_empty() {
                 LogitsWanted::All
             } else if sample {
                 LogitsWanted::Last
@@ -694,11 +780,12 @@ impl Scheduler {
             out.push_chunk(
                 id,
                 &req.token_ids()[start..end],
+                drafts,
                 start,
                 self.kv.block_table(id),
                 logits,
                 sample,
-                is_decode(req, req.num_uncomputed_tokens()) && n == 1,
+                is_decode(req, req.num_uncomputed_tokens()) && end - start == 1,
                 req.num_output_tokens(),
             );
         }
@@ -750,6 +837,27 @@ impl Scheduler {
         }
         Ok(())
     }
+}
+
+/// Whether the token `req` just received follows a draft the target accepted, as the
+/// runner reports it: the draft sits at the request's first uncomputed position, inside the
+/// chunk that verified it, with the token the chunk carried there. Then its KV is valid, and
+/// the cursor moves over it.
+fn accept_draft(out: &SchedulerOutput, req: &mut Request) -> bool {
+    let pos = req.num_computed_tokens;
+    let Some(c) = out.chunks.iter().find(|c| c.req_id == req.id) else {
+        return false;
+    };
+    let verified = c.num_draft_tokens > 0
+        && pos > c.start_pos
+        && pos < c.start_pos + c.num_tokens
+        && req.num_uncomputed_tokens() == 1
+        && out.tokens(c)[pos - c.start_pos] == req.token_ids()[pos];
+    if verified {
+        req.num_computed_tokens += 1;
+        req.num_accepted_tokens += 1;
+    }
+    verified
 }
 
 /// A running request whose only uncomputed token is its last sampled one.

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::error::EngineError;
 use crate::sla::SlaTargets;
+use crate::spec::SpeculativeConfig;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SchedulingPolicy {
@@ -48,6 +49,8 @@ pub struct SchedulerConfig {
     /// Attention window of the model, if it has one: blocks that leave it are freed.
     pub sliding_window: Option<usize>,
     pub sla: SlaTargets,
+    /// Speculative decoding (continuous batching only).
+    pub speculative: Option<SpeculativeConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -65,6 +68,7 @@ impl Default for SchedulerConfig {
             batching: Batching::Continuous,
             sliding_window: None,
             sla: SlaTargets::default(),
+            speculative: None,
         }
     }
 }
@@ -88,6 +92,12 @@ impl SchedulerConfig {
         }
         if self.long_prefill_token_threshold == Some(0) || self.sliding_window == Some(0) {
             return bad("long_prefill_token_threshold and sliding_window must be positive");
+        }
+        if let Some(spec) = &self.speculative {
+            if self.batching != Batching::Continuous {
+                return bad("speculative decoding needs continuous batching");
+            }
+            spec.validate()?;
         }
         Ok(())
     }

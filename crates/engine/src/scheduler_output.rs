@@ -50,8 +50,11 @@ pub struct ScheduledChunk {
     /// The chunk completes the request's known tokens: sample its next token from the last
     /// logits row and pass it to `update_from_output`.
     pub sample: bool,
-    /// A single new token past the prompt (for the step-time model).
+    /// A new token past the prompt, with its drafts if any (for the step-time model).
     pub is_decode: bool,
+    /// Speculative decoding: the chunk's last `num_draft_tokens` tokens are drafts to verify
+    /// (its logits are `All`; row `i` samples the token after token `i`).
+    pub num_draft_tokens: usize,
     /// Output tokens the request had when this step was planned (`min_tokens` counts them).
     pub num_output_tokens: usize,
     token_offset: usize,
@@ -151,11 +154,13 @@ impl SchedulerOutput {
         self.chunks.iter().filter(|c| c.sample).count()
     }
 
+    /// Adds a chunk of `tokens ++ drafts`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn push_chunk(
         &mut self,
         req_id: RequestId,
         tokens: &[u32],
+        drafts: &[u32],
         start_pos: usize,
         blocks: &[BlockId],
         logits: LogitsWanted,
@@ -163,22 +168,25 @@ impl SchedulerOutput {
         is_decode: bool,
         num_output_tokens: usize,
     ) {
+        let num_tokens = tokens.len() + drafts.len();
         self.chunks.push(ScheduledChunk {
             req_id,
             start_pos,
-            num_tokens: tokens.len(),
+            num_tokens,
             logits,
             sample,
             is_decode,
+            num_draft_tokens: drafts.len(),
             num_output_tokens,
             token_offset: self.token_ids.len(),
             block_offset: self.block_ids.len(),
             num_blocks: blocks.len(),
         });
         self.token_ids.extend_from_slice(tokens);
+        self.token_ids.extend_from_slice(drafts);
         self.block_ids.extend(blocks.iter().map(|b| b.0));
-        self.num_scheduled_tokens += tokens.len();
-        self.features.add_chunk(start_pos, tokens.len(), is_decode);
+        self.num_scheduled_tokens += num_tokens;
+        self.features.add_chunk(start_pos, num_tokens, is_decode);
     }
 }
 
@@ -213,6 +221,7 @@ mod tests {
         out.push_chunk(
             RequestId(1),
             &[5, 6, 7],
+            &[],
             0,
             &[BlockId(3)],
             LogitsWanted::Last,
@@ -223,6 +232,7 @@ mod tests {
         out.push_chunk(
             RequestId(2),
             &[9],
+            &[],
             20,
             &[BlockId(0), BlockId(1)],
             LogitsWanted::Last,

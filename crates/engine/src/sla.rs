@@ -53,7 +53,8 @@ impl SlaTargets {
 pub struct StepFeatures {
     /// Tokens in chunks that are not single-token decodes.
     pub prefill_tokens: usize,
-    /// Single-token decode chunks.
+    /// Decode rows: one per decoding sequence, plus the drafts it verifies (each a row
+    /// with its own LM head, as a decode is).
     pub decode_seqs: usize,
     /// Query·key pairs attended, all chunks together.
     pub context_tokens: usize,
@@ -65,10 +66,11 @@ impl StepFeatures {
         len * start_pos + len * (len + 1) / 2
     }
 
-    /// Adds a chunk; `is_decode` for the single new token of a sequence past its prompt.
+    /// Adds a chunk; `is_decode` for the new token of a sequence past its prompt (and the
+    /// drafts after it: `len - 1`).
     pub fn add_chunk(&mut self, start_pos: usize, len: usize, is_decode: bool) {
         if is_decode {
-            self.decode_seqs += 1;
+            self.decode_seqs += len;
         } else {
             self.prefill_tokens += len;
         }

@@ -12,7 +12,8 @@ use common::{Driver, EOS, tokens};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokenmill_engine::{
-    Batching, RequestId, RequestParams, SchedulerConfig, SchedulingPolicy, SlaTargets, StepFeatures,
+    Batching, RequestId, RequestParams, SchedulerConfig, SchedulingPolicy, SlaTargets,
+    SpeculativeConfig, StepFeatures,
 };
 
 fn random_config(rng: &mut StdRng) -> SchedulerConfig {
@@ -56,6 +57,7 @@ fn random_config(rng: &mut StdRng) -> SchedulerConfig {
             None
         },
         sla: SlaTargets::default(),
+        speculative: None,
     }
 }
 
@@ -77,6 +79,8 @@ struct Coverage {
     window_nulls: u64,
     static_runs: u64,
     sla_runs: u64,
+    spec_runs: u64,
+    accepted_drafts: u64,
     max_running: usize,
 }
 
@@ -91,8 +95,19 @@ fn run_case(seed: u64, cov: &mut Coverage) {
             tpot: Some(Duration::from_millis(rng.random_range(3..20))),
         };
     }
+    // Speculation over a model that mostly copies itself, so that drafts get accepted.
+    let spec = cfg.batching == Batching::Continuous && rng.random_bool(0.3);
+    if spec {
+        cfg.speculative = Some(SpeculativeConfig {
+            adaptive: rng.random_bool(0.5),
+            ..SpeculativeConfig::ngram(rng.random_range(1..=6))
+        });
+    }
     let mut d = Driver::new(cfg.clone());
     d.check_running_progress = !sla;
+    if spec || rng.random_bool(0.2) {
+        d.runner.copy_period = Some(rng.random_range(2..=8));
+    }
 
     // Shared prefixes so that prefix caching has something to hit.
     let prefixes: Vec<Vec<u32>> = (0..3).map(|i| tokens(seed * 10 + i, 40)).collect();
@@ -188,6 +203,8 @@ fn run_case(seed: u64, cov: &mut Coverage) {
     cov.rejections += rejected as u64;
     cov.static_runs += u64::from(cfg.batching != Batching::Continuous);
     cov.sla_runs += u64::from(sla);
+    cov.spec_runs += u64::from(spec);
+    cov.accepted_drafts += stats.spec_decode.num_accepted_tokens;
 }
 
 #[test]
@@ -200,6 +217,7 @@ fn random_workloads_keep_every_invariant() {
     assert!(cov.preemptions > 0 && cov.prefix_hit_tokens > 0 && cov.split_prompts > 0);
     assert!(cov.aborts > 0 && cov.rejections > 0 && cov.window_nulls > 0);
     assert!(cov.static_runs > 0 && cov.sla_runs > 0 && cov.max_running == 8);
+    assert!(cov.spec_runs > 0 && cov.accepted_drafts > 0);
 }
 
 /// FCFS with one sequence slot and a pool that fits one request: strictly one at a time, in

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokenmill_engine::{
     Batching, EngineConfig, EngineHandle, KvCacheMemory, KvDtype, STATIC_BATCH_MAX_WAIT,
-    SchedulingPolicy, SlaTargets,
+    SchedulingPolicy, SlaTargets, SpecMethod, SpeculativeConfig,
 };
 use tokenmill_model::Model;
 
@@ -76,9 +76,66 @@ pub struct EngineArgs {
     /// SLA target for time per output token: the largest batch predicted to keep it.
     #[arg(long)]
     pub target_tpot_ms: Option<f64>,
+    /// Speculative decoding, as vLLM spells it: a JSON object, e.g. `{"method": "ngram",
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4}` (also `prompt_lookup_min`, and
+    /// `adaptive`: false to verify every draft found whatever the load).
+    #[arg(long, value_parser = parse_speculative_config)]
+    pub speculative_config: Option<SpeculativeConfig>,
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+}
+
+/// `--speculative-config`: vLLM's keys; unknown keys and methods are errors.
+pub fn parse_speculative_config(text: &str) -> Result<SpeculativeConfig, String> {
+    let v: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let mut config = SpeculativeConfig::ngram(4);
+    let (mut lo, mut hi) = (None, None);
+    let count = |key: &str, v: &serde_json::Value| {
+        v.as_u64()
+            .map(|n| n as usize)
+            .ok_or(format!("{key} must be a non-negative integer"))
+    };
+    for (key, value) in obj {
+        match key.as_str() {
+            "method" => match value.as_str() {
+                Some("ngram") => {}
+                other => {
+                    return Err(format!(
+                        "method {other:?} is not supported: tokenmill speculates with \"ngram\" \
+                         (prompt lookup)"
+                    ));
+                }
+            },
+            "num_speculative_tokens" => config.num_speculative_tokens = count(key, value)?,
+            "prompt_lookup_min" => lo = Some(count(key, value)?),
+            "prompt_lookup_max" => hi = Some(count(key, value)?),
+            "adaptive" => {
+                config.adaptive = value.as_bool().ok_or("adaptive must be true or false")?;
+            }
+            _ => {
+                return Err(format!(
+                    "unknown key {key:?} (known: method, num_speculative_tokens, \
+                     prompt_lookup_min, prompt_lookup_max, adaptive)"
+                ));
+            }
+        }
+    }
+    if !obj.contains_key("method") {
+        return Err("\"method\" is required (\"ngram\")".into());
+    }
+    // As in vLLM, either bound alone sets both; neither keeps tokenmill's (2, 4).
+    if lo.is_some() || hi.is_some() {
+        let (lo, hi) = (lo.or(hi).unwrap_or(0), hi.or(lo).unwrap_or(0));
+        config.method = SpecMethod::Ngram {
+            prompt_lookup_min: lo,
+            prompt_lookup_max: hi,
+        };
+    }
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
 }
 
 impl EngineArgs {
@@ -112,6 +169,7 @@ impl EngineArgs {
                 ttft: ms(self.target_ttft_ms),
                 tpot: ms(self.target_tpot_ms),
             },
+            speculative: self.speculative_config,
         })
     }
 
@@ -162,6 +220,60 @@ mod tests {
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let msg = err.to_string();
         assert!(msg.contains("bf16") && msg.contains("f32, f16"), "{msg}");
+    }
+
+    #[test]
+    fn speculative_config_takes_vllms_json_and_refuses_what_it_cannot_do() {
+        let flag = r#"{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3}"#;
+        let c = parse(&["--speculative-config", flag])
+            .unwrap()
+            .speculative_config
+            .unwrap();
+        assert_eq!(c.num_speculative_tokens, 6);
+        assert!(c.adaptive);
+        let SpecMethod::Ngram {
+            prompt_lookup_min,
+            prompt_lookup_max,
+        } = c.method;
+        assert_eq!((prompt_lookup_min, prompt_lookup_max), (3, 3));
+        let both = r#"{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 5}"#;
+        let c = parse_speculative_config(both).unwrap();
+        assert_eq!(
+            c.method,
+            SpecMethod::Ngram {
+                prompt_lookup_min: 1,
+                prompt_lookup_max: 5
+            }
+        );
+        let default = parse_speculative_config(r#"{"method": "ngram"}"#).unwrap();
+        assert_eq!(default, SpeculativeConfig::ngram(4));
+        let fixed = parse_speculative_config(r#"{"method": "ngram", "adaptive": false}"#);
+        assert!(!fixed.unwrap().adaptive);
+        assert!(parse(&[]).unwrap().speculative_config.is_none());
+        for (bad, says) in [
+            (r#"{"method": "eagle"}"#, "not supported"),
+            (r#"{"num_speculative_tokens": 4}"#, "required"),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": 0}"#,
+                "1..=16",
+            ),
+            (
+                r#"{"method": "ngram", "num_speculative_tokens": -1}"#,
+                "non-negative",
+            ),
+            (
+                r#"{"method": "ngram", "prompt_lookup_min": 5, "prompt_lookup_max": 3}"#,
+                "at most",
+            ),
+            (r#"{"method": "ngram", "draft": 1}"#, "unknown key"),
+            ("[4]", "not a JSON object"),
+        ] {
+            let err = parse(&["--speculative-config", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
     }
 
     #[test]

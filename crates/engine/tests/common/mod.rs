@@ -7,6 +7,14 @@
 //! attend to (the last `window` positions, or all), so it is a pure function of the token
 //! sequence — exactly like greedy decoding — and any scheduling must reproduce the
 //! [`reference`] output token for token.
+//!
+//! With a copy period `P` (speculative decoding tests) the model mostly repeats itself: where
+//! the visible KV's hash is not a multiple of 4 it emits the token `P` positions back (read
+//! through the block table too; only when that is inside the window), so prompt lookup proposes drafts that are usually but not
+//! always right. A chunk with drafts is verified as the real runner does: a token after each
+//! of its positions from the last known one, continuing while the draft matches. Rejected
+//! drafts leave their KV and tokens in the slots; a cursor that moved over one would read
+//! them and diverge from the reference.
 
 #![allow(dead_code)]
 
@@ -29,21 +37,25 @@ fn mix(a: u64, b: u64) -> u64 {
     h ^ (h >> 31)
 }
 
-/// The token a model emits after attending to `kv` (the visible KV values, oldest first).
-fn emit(kv: impl Iterator<Item = u64>) -> u32 {
+/// The token a model emits after attending to `kv` (the visible KV values, oldest first);
+/// `copied`: the token `P` positions back, under a copy period.
+fn emit(kv: impl Iterator<Item = u64>, copied: Option<u32>) -> u32 {
     let acc = kv.fold(SEED, mix);
-    if acc.is_multiple_of(17) {
-        EOS
-    } else {
-        1 + (acc % (VOCAB - 1)) as u32
+    match copied {
+        Some(t) if !acc.is_multiple_of(4) => t,
+        _ if acc.is_multiple_of(17) => EOS,
+        _ => 1 + (acc % (VOCAB - 1)) as u32,
     }
 }
 
 pub struct FakeRunner {
     block_size: usize,
     window: Option<usize>,
-    /// `[num_blocks · block_size]` fake KV values.
+    /// `[num_blocks · block_size]` fake KV values, and the token written with each.
     slots: Vec<u64>,
+    slot_tokens: Vec<u32>,
+    /// The fake model mostly repeats the token this many positions back.
+    pub copy_period: Option<usize>,
 }
 
 impl FakeRunner {
@@ -52,6 +64,8 @@ impl FakeRunner {
             block_size: cfg.block_size,
             window: cfg.sliding_window,
             slots: vec![0; cfg.num_blocks * cfg.block_size],
+            slot_tokens: vec![0; cfg.num_blocks * cfg.block_size],
+            copy_period: None,
         }
     }
 
@@ -65,7 +79,8 @@ impl FakeRunner {
         b as usize * self.block_size + pos % self.block_size
     }
 
-    /// Runs one step: writes every chunk's KV, returns a token for each `sample` chunk.
+    /// Runs one step: writes every chunk's KV, returns a token for each `sample` chunk (and
+    /// one more per accepted draft).
     pub fn run(&mut self, out: &SchedulerOutput) -> Vec<(RequestId, Sampled)> {
         let mut sampled = Vec::new();
         for (c, seq) in out.chunks.iter().zip(out.seq_chunks()) {
@@ -78,21 +93,40 @@ impl FakeRunner {
                 };
                 let s = self.slot(seq.block_table, p);
                 self.slots[s] = mix(prev, tok as u64);
+                self.slot_tokens[s] = tok;
             }
-            if c.sample {
-                let end = seq.start_pos + seq.tokens.len();
-                let lo = self.window.map_or(0, |w| end.saturating_sub(w));
-                let tok = emit((lo..end).map(|p| self.slots[self.slot(seq.block_table, p)]));
-                let s = Sampled {
-                    token: tok,
-                    logprob: 0.0,
-                    top: Vec::new(),
-                    complete: false,
-                };
-                sampled.push((c.req_id, s));
+            if !c.sample {
+                continue;
+            }
+            let known_end = seq.start_pos + seq.tokens.len() - c.num_draft_tokens;
+            let drafts = &seq.tokens[seq.tokens.len() - c.num_draft_tokens..];
+            for i in 0..=drafts.len() {
+                let tok = self.emit_after(seq.block_table, known_end + i);
+                sampled.push((
+                    c.req_id,
+                    Sampled {
+                        token: tok,
+                        logprob: 0.0,
+                        top: Vec::new(),
+                        complete: false,
+                    },
+                ));
+                if drafts.get(i) != Some(&tok) {
+                    break;
+                }
             }
         }
         sampled
+    }
+
+    /// The token the fake model emits after the `end` positions before it.
+    fn emit_after(&self, table: &[u32], end: usize) -> u32 {
+        let lo = self.window.map_or(0, |w| end.saturating_sub(w));
+        let copied = self
+            .copy_period
+            .filter(|&p| end >= p && self.window.is_none_or(|w| p <= w))
+            .map(|p| self.slot_tokens[self.slot(table, end - p)]);
+        emit((lo..end).map(|p| self.slots[self.slot(table, p)]), copied)
     }
 }
 
@@ -103,6 +137,7 @@ pub fn reference(
     max_tokens: usize,
     max_model_len: usize,
     window: Option<usize>,
+    copy_period: Option<usize>,
 ) -> (Vec<u32>, FinishReason) {
     let mut seq = prompt.to_vec();
     let mut kv: Vec<u64> = Vec::new();
@@ -113,7 +148,10 @@ pub fn reference(
             kv.push(mix(prev, seq[kv.len()] as u64));
         }
         let lo = window.map_or(0, |w| kv.len().saturating_sub(w));
-        let t = emit(kv[lo..].iter().copied());
+        let copied = copy_period
+            .filter(|&p| seq.len() >= p && window.is_none_or(|w| p <= w))
+            .map(|p| seq[seq.len() - p]);
+        let t = emit(kv[lo..].iter().copied(), copied);
         seq.push(t);
         out.push(t);
         let stop = (!params.ignore_eos && params.eos_token_id == Some(t))
@@ -235,7 +273,9 @@ impl Driver {
         self.check_output(&was_waiting, &was_running, &computed);
 
         let sampled = self.runner.run(&self.out);
-        assert_eq!(sampled.len(), self.out.num_sampled());
+        let drafts: usize = self.out.chunks.iter().map(|c| c.num_draft_tokens).sum();
+        assert!(sampled.len() >= self.out.num_sampled());
+        assert!(sampled.len() <= self.out.num_sampled() + drafts);
         let events = self.sched.update_from_output(&self.out, sampled);
         self.sched.check_invariants().unwrap();
         for e in &events {
@@ -278,10 +318,31 @@ impl Driver {
                 assert_eq!(c.start_pos % cfg.block_size, 0, "hit not block aligned");
             }
             assert!(c.num_tokens > 0);
-            let end = c.start_pos + c.num_tokens;
-            assert_eq!(out.tokens(c), &tokens[c.start_pos..end]);
+            // Known tokens, then the drafts (never more than the request could accept).
+            let end = c.start_pos + c.num_tokens - c.num_draft_tokens;
+            assert_eq!(
+                &out.tokens(c)[..end - c.start_pos],
+                &tokens[c.start_pos..end]
+            );
+            if c.num_draft_tokens > 0 {
+                let spec = cfg.speculative.expect("drafts only with speculation");
+                assert!(c.num_draft_tokens <= spec.num_speculative_tokens);
+                assert!(c.is_decode && c.sample && c.logits == LogitsWanted::All);
+                let t = &self.tracks[&c.req_id];
+                let max_tokens = t.params.max_tokens.unwrap_or(cfg.max_model_len);
+                let outputs = tokens.len() - t.prompt.len();
+                assert!(
+                    outputs + c.num_draft_tokens < max_tokens,
+                    "drafts past max_tokens"
+                );
+                assert!(tokens.len() + c.num_draft_tokens < cfg.max_model_len);
+            }
             let table = out.block_table(c);
-            assert_eq!(table.len(), end.div_ceil(cfg.block_size), "table size");
+            // Blocks of drafts rejected earlier stay with the request.
+            let need = (c.start_pos + c.num_tokens).div_ceil(cfg.block_size);
+            let spare = cfg.speculative.map_or(0, |s| s.num_speculative_tokens);
+            let most = (c.start_pos + c.num_tokens + spare).div_ceil(cfg.block_size);
+            assert!(table.len() >= need && table.len() <= most, "table size");
             let live: Vec<_> = table.iter().filter(|&&b| b != BlockId::NULL.0).collect();
             assert_eq!(live.len(), live.iter().collect::<HashSet<_>>().len());
             if cfg.sliding_window.is_none() {
@@ -293,7 +354,7 @@ impl Driver {
             } else {
                 LogitsWanted::None
             };
-            if !self.tracks[&c.req_id].params.prompt_logprobs {
+            if !self.tracks[&c.req_id].params.prompt_logprobs && c.num_draft_tokens == 0 {
                 assert_eq!(c.logits, want);
             }
             assert_eq!(out.seq_chunk(i).tokens, out.tokens(c));
@@ -374,6 +435,7 @@ impl Driver {
                 max_tokens,
                 cfg.max_model_len,
                 cfg.sliding_window,
+                self.runner.copy_period,
             );
             if t.aborted {
                 assert!(want.starts_with(&t.output), "aborted {id} diverged");

@@ -1,0 +1,149 @@
+//! Speculative decoding on the real default model is lossless: greedy output token for token
+//! the same with prompt lookup on as off — on text that repeats (drafts mostly accepted) and
+//! text that does not — and seeded sampling the same too, with stop tokens and `min_tokens`
+//! landing where they land without speculation.
+
+mod real_model;
+
+use real_model::{engine, params};
+use serde_json::Value;
+use tokenmill_engine::{
+    EngineHandle, RequestParams, RequestStream, SamplingParams, SchedulerConfig, SpeculativeConfig,
+    StreamEvent,
+};
+
+fn fixture_prompts() -> Vec<Vec<u32>> {
+    let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ids = |c: &Value| {
+        c["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["cases"].as_array().unwrap().iter().map(ids).collect()
+}
+
+/// The fixture prompts, and each repeated twice and a half: the model continues copying,
+/// which is what prompt lookup predicts.
+fn prompts() -> Vec<Vec<u32>> {
+    let plain = fixture_prompts();
+    let repeated = plain.iter().map(|p| {
+        let mut r = p.repeat(2);
+        r.extend_from_slice(&p[..p.len() / 2]);
+        r
+    });
+    plain.clone().into_iter().chain(repeated).collect()
+}
+
+fn config(speculative: Option<SpeculativeConfig>) -> SchedulerConfig {
+    SchedulerConfig {
+        num_blocks: 256,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 512,
+        max_model_len: 2048,
+        speculative,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Every draft prompt lookup finds, up to 5.
+fn fixed() -> Option<SpeculativeConfig> {
+    Some(SpeculativeConfig {
+        adaptive: false,
+        ..SpeculativeConfig::ngram(5)
+    })
+}
+
+/// Tokens and logprobs of a stream.
+fn collect(mut s: RequestStream) -> (Vec<u32>, Vec<f32>) {
+    let (mut tokens, mut logprobs) = (Vec::new(), Vec::new());
+    while let Some(ev) = s.blocking_next() {
+        match ev {
+            StreamEvent::Token(t) => {
+                tokens.push(t.token);
+                logprobs.push(t.logprob);
+            }
+            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    (tokens, logprobs)
+}
+
+/// Runs every prompt, one request at a time or all at once.
+fn run(h: &EngineHandle, prompts: &[Vec<u32>], p: &RequestParams, together: bool) -> Vec<Vec<u32>> {
+    if together {
+        let streams: Vec<_> = prompts
+            .iter()
+            .map(|pr| h.submit(pr.clone(), p.clone()))
+            .collect();
+        streams.into_iter().map(|s| collect(s).0).collect()
+    } else {
+        prompts
+            .iter()
+            .map(|pr| collect(h.submit(pr.clone(), p.clone())).0)
+            .collect()
+    }
+}
+
+#[test]
+fn greedy_output_is_the_same_with_prompt_lookup_alone_and_batched() {
+    let prompts = prompts();
+    let p = params(32, SamplingParams::greedy());
+    let off = engine(config(None));
+    let want = run(&off, &prompts, &p, false);
+    drop(off);
+    for (name, spec) in [
+        ("fixed", fixed()),
+        ("adaptive", Some(SpeculativeConfig::ngram(5))),
+    ] {
+        let h = engine(config(spec));
+        assert_eq!(run(&h, &prompts, &p, false), want, "{name}, alone");
+        assert_eq!(run(&h, &prompts, &p, true), want, "{name}, batched");
+        let s = h.stats().scheduler.spec_decode;
+        eprintln!("{name}: {s:?}, acceptance {:.2}", s.acceptance_rate());
+        assert!(s.num_accepted_tokens > 0, "{name}: nothing accepted: {s:?}");
+    }
+}
+
+#[test]
+fn seeded_sampling_stop_tokens_and_min_tokens_land_where_they_do_without_speculation() {
+    let prompts = prompts();
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        repetition_penalty: 1.05,
+        seed: Some(7),
+        logprobs: Some(2),
+        ..SamplingParams::default()
+    };
+    let off = engine(config(None));
+    let on = engine(config(fixed()));
+    for (i, prompt) in prompts.iter().enumerate() {
+        let p = params(24, sampling.clone());
+        let (want, want_lp) = collect(off.submit(prompt.clone(), p.clone()));
+        let (got, got_lp) = collect(on.submit(prompt.clone(), p));
+        assert_eq!(got, want, "prompt {i}: seeded sampling");
+        for (a, b) in got_lp.iter().zip(&want_lp) {
+            assert!((a - b).abs() < 1e-3, "prompt {i}: logprob {a} vs {b}");
+        }
+        // Stop at the 6th token's first occurrence; EOS = the 3rd token, banned for 4 tokens.
+        let p = RequestParams {
+            stop_token_ids: vec![want[5]],
+            eos_token_id: Some(want[2]),
+            min_tokens: 4,
+            ignore_eos: false,
+            ..params(24, sampling.clone())
+        };
+        let want = collect(off.submit(prompt.clone(), p.clone())).0;
+        assert_eq!(
+            collect(on.submit(prompt.clone(), p)).0,
+            want,
+            "prompt {i}: stops"
+        );
+    }
+    assert!(on.stats().scheduler.spec_decode.num_accepted_tokens > 0);
+}

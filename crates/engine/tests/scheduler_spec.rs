@@ -1,0 +1,132 @@
+//! Speculative decoding in the scheduler, through the fake runner (`common`) with its copying
+//! model: prompt lookup proposes drafts, the runner verifies them, and whatever is accepted,
+//! rejected, preempted or cached, every output equals the request's reference generation.
+
+mod common;
+
+use common::{Driver, params, params_exact, tokens};
+use tokenmill_engine::{RequestId, SchedulerConfig, SpeculativeConfig};
+
+const PERIOD: usize = 7;
+
+fn cfg(num_blocks: usize, spec: SpeculativeConfig) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: 4,
+        num_blocks,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+        max_model_len: 256,
+        speculative: Some(spec),
+        ..Default::default()
+    }
+}
+
+/// Every draft the proposer finds, up to 4 per step.
+fn fixed(k: usize) -> SpeculativeConfig {
+    SpeculativeConfig {
+        adaptive: false,
+        ..SpeculativeConfig::ngram(k)
+    }
+}
+
+fn driver(config: SchedulerConfig) -> Driver {
+    let mut d = Driver::new(config);
+    d.runner.copy_period = Some(PERIOD);
+    d.keep_log = true;
+    d
+}
+
+/// A prompt that already repeats with the model's period.
+fn periodic_prompt(seed: u64, len: usize) -> Vec<u32> {
+    let unit = tokens(seed, PERIOD);
+    unit.iter().copied().cycle().take(len).collect()
+}
+
+#[test]
+fn accepted_and_rejected_drafts_leave_every_output_as_the_reference() {
+    let mut d = driver(cfg(128, fixed(4)));
+    for i in 0..6 {
+        d.submit(i, periodic_prompt(i, 12 + i as usize), params(40));
+    }
+    d.submit(9, tokens(9, 20), params_exact(30));
+    d.run_to_completion(500);
+    d.check_against_reference();
+    let s = d.sched.stats().spec_decode;
+    assert!(
+        s.num_drafts > 0 && s.num_draft_tokens >= s.num_drafts,
+        "{s:?}"
+    );
+    // The copying model agrees with most drafts, but not all.
+    assert!(s.num_accepted_tokens > s.num_draft_tokens / 2, "{s:?}");
+    assert!(s.num_accepted_tokens < s.num_draft_tokens, "{s:?}");
+    // Fewer steps than tokens: speculation did produce several tokens in a step.
+    let outputs: usize = d.tracks.values().map(|t| t.output.len()).sum();
+    let decode_rows: usize = d
+        .log
+        .iter()
+        .flat_map(|o| &o.chunks)
+        .filter(|c| c.is_decode)
+        .count();
+    assert!(
+        decode_rows < outputs,
+        "{decode_rows} decode chunks for {outputs} tokens"
+    );
+}
+
+#[test]
+fn drafts_fit_the_token_budget_and_a_tight_cache_preempts_instead_of_corrupting() {
+    let config = SchedulerConfig {
+        max_num_batched_tokens: 10,
+        enable_prefix_caching: false,
+        ..cfg(20, fixed(6))
+    };
+    let mut d = driver(config);
+    for i in 0..6 {
+        d.submit(i, periodic_prompt(i, 10), params_exact(30));
+    }
+    d.run_to_completion(2000);
+    d.check_against_reference();
+    assert!(d.sched.stats().num_preemptions > 0);
+    assert!(d.sched.stats().spec_decode.num_accepted_tokens > 0);
+}
+
+#[test]
+fn the_prefix_cache_holds_only_verified_tokens() {
+    let mut d = driver(cfg(128, fixed(4)));
+    let prompt = periodic_prompt(3, 9);
+    d.submit(1, prompt.clone(), params_exact(40));
+    d.run_to_completion(500);
+    // A second request whose prompt is the first one's whole sequence: every full block of it
+    // is a hit, and what follows still equals the reference.
+    let mut longer = prompt;
+    longer.extend(&d.tracks[&RequestId(1)].output);
+    d.submit(2, longer.clone(), params_exact(20));
+    d.run_to_completion(1000);
+    d.check_against_reference();
+    let cached = d.tracks[&RequestId(2)].num_cached_tokens;
+    assert_eq!(
+        cached,
+        (longer.len() - 1) / 4 * 4,
+        "{cached} of {}",
+        longer.len()
+    );
+}
+
+#[test]
+fn adaptive_speculation_drafts_for_one_sequence_and_not_for_a_full_batch() {
+    // Under the prior step-time model (2 ms a step, 2 ms a decode row) a lone decode takes a
+    // draft worth 0.7 (the prior acceptance), eight decodes take none.
+    let mut alone = driver(cfg(128, SpeculativeConfig::ngram(4)));
+    alone.submit(1, periodic_prompt(1, 14), params_exact(20));
+    alone.run_to_completion(500);
+    alone.check_against_reference();
+    assert!(alone.sched.stats().spec_decode.num_drafts > 0);
+
+    let mut full = driver(cfg(256, SpeculativeConfig::ngram(4)));
+    for i in 0..8 {
+        full.submit(i, periodic_prompt(i, 14), params_exact(20));
+    }
+    full.run_to_completion(500);
+    full.check_against_reference();
+    assert_eq!(full.sched.stats().spec_decode.num_drafts, 0);
+}
