@@ -10,6 +10,7 @@
 //!   / E2EL percentiles, errors by kind), named as vLLM names them;
 //! - [`report`]: sweep tables with the best point under an SLA, side-by-side ratios;
 //! - [`memory`]: server memory from `/proc` or its metrics;
+//! - [`spec_decode`]: the server's speculative-decoding counters over a run;
 //! - [`plot`]: PNG/SVG charts with an embedded font;
 //! - [`inprocess`]: a closed-loop load driving the engine handle directly (no HTTP), to
 //!   measure the engine apart from the server.
@@ -22,4 +23,5 @@ pub mod memory;
 pub mod plot;
 pub mod report;
 pub mod runner;
+pub mod spec_decode;
 pub mod stats;

@@ -25,6 +25,7 @@ use crate::arrival::Arrival;
 use crate::client::{RequestOptions, Target, request_body, send};
 use crate::dataset::{DatasetError, Prompt};
 use crate::memory::MemorySource;
+use crate::spec_decode;
 use crate::stats::{ErrorKind, RequestError, RequestRecord, Slo, Summary};
 
 #[derive(Debug, thiserror::Error)]
@@ -170,6 +171,8 @@ pub async fn run(
         pb.finish_and_clear();
     }
     let measured = bodies(&target, prompts, &spec.options)?;
+    let metrics_url = target.url("/metrics");
+    let spec_before = spec_decode::read(client, &metrics_url).await;
     let (stop_tx, stop_rx) = watch::channel(false);
     let sampler = tokio::spawn(spec.memory.clone().watch(client.clone(), stop_rx));
     let pb = progress_bar(prompts.len(), spec.progress, "benchmark");
@@ -178,6 +181,10 @@ pub async fn run(
     let _ = stop_tx.send(true);
     let mut summary = Summary::with_slo(&records, duration, &spec.percentiles, &spec.slo);
     summary.memory = sampler.await.unwrap_or_default();
+    if let Some(before) = spec_before {
+        let after = spec_decode::read(client, &metrics_url).await;
+        summary.spec_decode = after.map(|a| a.since(&before));
+    }
     summary.request_rate = spec.arrival.rate();
     summary.max_concurrency = cap;
     Ok(RunResult { summary, records })

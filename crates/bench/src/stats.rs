@@ -19,6 +19,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::spec_decode::SpecDecodeFigures;
+
 /// Why a request failed, as the client saw it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -233,6 +235,8 @@ pub struct Summary {
     pub request_rate: Option<f64>,
     pub max_concurrency: Option<usize>,
     pub memory: MemoryFigures,
+    /// The server's speculative decoding during the run, when it exports the counters.
+    pub spec_decode: Option<SpecDecodeFigures>,
 }
 
 pub(crate) fn ms(d: Duration) -> f64 {
@@ -352,6 +356,29 @@ impl Summary {
         );
         if let Some(b) = self.memory.peak_bytes() {
             push("Peak server memory (MiB):", "peak_memory_mib", mib(b));
+        }
+        if let Some(s) = &self.spec_decode {
+            push(
+                "Acceptance rate (%):",
+                "spec_decode_acceptance_rate",
+                100.0 * s.acceptance_rate(),
+            );
+            push(
+                "Acceptance length:",
+                "spec_decode_acceptance_length",
+                s.acceptance_length(),
+            );
+            push("Drafts:", "spec_decode_num_drafts", s.drafts as f64);
+            push(
+                "Draft tokens:",
+                "spec_decode_num_draft_tokens",
+                s.draft_tokens as f64,
+            );
+            push(
+                "Accepted tokens:",
+                "spec_decode_num_accepted_tokens",
+                s.accepted_tokens as f64,
+            );
         }
         for (_, label, key, d) in self.latencies() {
             push(

@@ -15,6 +15,7 @@ use std::time::Instant;
 use crate::block_hash::{BlockHash, extend_block_hashes};
 use crate::constraint::Constraint;
 use crate::sampler::SamplingParams;
+use crate::spec::adaptive::DraftRecord;
 
 /// Engine-wide request id (assigned by the caller, unique among live requests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -112,10 +113,9 @@ pub struct Request {
     /// Whether a `SchedulerOutput` has carried it to the runner (as a `NewRequest`).
     pub(crate) announced: bool,
     /// Speculative decoding: the drafts planned for this step (not part of `token_ids`
-    /// until accepted), and the request's verified and accepted drafts so far.
+    /// until accepted), and how the request's drafts have fared (`spec::adaptive`).
     pub(crate) drafts: Vec<u32>,
-    pub(crate) num_draft_tokens: u64,
-    pub(crate) num_accepted_tokens: u64,
+    pub(crate) draft_record: DraftRecord,
 }
 
 impl Request {
@@ -137,8 +137,7 @@ impl Request {
             admitted_once: false,
             announced: false,
             drafts: Vec::new(),
-            num_draft_tokens: 0,
-            num_accepted_tokens: 0,
+            draft_record: DraftRecord::default(),
         }
     }
 

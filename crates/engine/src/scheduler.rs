@@ -289,7 +289,7 @@ impl Scheduler {
             self.kv
                 .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
             if c.num_draft_tokens > 0 {
-                req.num_draft_tokens += c.num_draft_tokens as u64;
+                req.draft_record.verified(c.num_draft_tokens);
                 self.spec_stats.num_drafts += 1;
                 self.spec_stats.num_draft_tokens += c.num_draft_tokens as u64;
             }
@@ -377,8 +377,9 @@ impl Scheduler {
         let (tokens, drafts) = req.tokens_and_drafts();
         ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts);
         if spec.adaptive {
-            let alpha = adaptive::acceptance(req.num_accepted_tokens, req.num_draft_tokens, global);
-            let keep = adaptive::drafts_to_verify(req.drafts.len(), alpha, budget.draft_threshold);
+            let proposed = req.drafts.len();
+            let record = &mut req.draft_record;
+            let keep = record.drafts_to_take(proposed, global, budget.draft_threshold);
             req.drafts.truncate(keep);
         }
         req.drafts.len()
@@ -855,7 +856,7 @@ fn accept_draft(out: &SchedulerOutput, req: &mut Request) -> bool {
         && out.tokens(c)[pos - c.start_pos] == req.token_ids()[pos];
     if verified {
         req.num_computed_tokens += 1;
-        req.num_accepted_tokens += 1;
+        req.draft_record.accepted();
     }
     verified
 }

@@ -8,7 +8,10 @@
 //! boundaries (64 and 128 keys) on the way — so the split attention's partial buffers must
 //! already be large enough. Block tables are scattered, and both block sizes that hold whole
 //! key tiles (16) and ones that do not (4, the gather path) are covered, with f32 and f16 KV
-//! caches.
+//! caches — and each also with speculative verification steps (every sequence's next token
+//! and its drafts, all rows' logits, a varying number accepted and the rest rewritten): 4
+//! drafts on the quantized default model, 2 on the float-weight tiny fixtures (whose matmuls
+//! hand 16 rows and more to `gemm`, which allocates its packing buffers).
 
 mod counting_alloc;
 
@@ -35,13 +38,18 @@ fn argmax(row: &[f32]) -> u32 {
 }
 
 /// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`, with a KV cache
-/// of `dtype`.
-fn decode_allocations(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> usize {
+/// of `dtype`; with `drafts`, each step verifies that many drafts per sequence.
+fn decode_allocations(
+    model: &LlamaModel,
+    block_size: usize,
+    dtype: KvDtype,
+    drafts: usize,
+) -> usize {
     let cfg = model.config();
     let vocab = cfg.vocab_size;
     // Prompts end just before 64 and 128 keys, so the counted steps cross both boundaries.
     let prompt_lens = [5, 50, 60, 120];
-    let max_len = prompt_lens.iter().max().unwrap() + WARM_UP + STEPS;
+    let max_len = prompt_lens.iter().max().unwrap() + (WARM_UP + STEPS) * (1 + drafts);
     let per_seq = max_len.div_ceil(block_size);
     let mut kv = KvCache::with_dtype(cfg, B * per_seq, block_size, dtype);
     // Sequence s owns blocks s, s + B, s + 2B, ... (interleaved, not contiguous).
@@ -53,13 +61,21 @@ fn decode_allocations(model: &LlamaModel, block_size: usize, dtype: KvDtype) -> 
         .enumerate()
         .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
         .collect();
-    let mut ws = model.workspace(128 + 64, B);
-    decode_step_allocations::<B>(&prompts, &tables, WARM_UP, STEPS, |chunks, next| {
-        let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
-        for (s, n) in next.iter_mut().enumerate() {
-            *n = argmax(&logits[s * vocab..(s + 1) * vocab]);
-        }
-    })
+    // Logit rows as the engine's runner sizes them: one per draft too.
+    let mut ws = model.workspace(128 + 64, B * (1 + drafts));
+    decode_step_allocations::<B>(
+        &prompts,
+        &tables,
+        drafts,
+        WARM_UP,
+        STEPS,
+        |chunks, rows, next| {
+            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+            for (n, r) in next.iter_mut().zip(rows) {
+                *n = argmax(&logits[r * vocab..(r + 1) * vocab]);
+            }
+        },
+    )
 }
 
 #[test]
@@ -71,12 +87,17 @@ fn decode_steps_allocate_nothing() {
             LlamaModel::load(GgufFile::open(dir.join(format!("{name}.gguf"))).unwrap()).unwrap();
         for block_size in [16, 4] {
             for dtype in [KvDtype::F32, KvDtype::F16] {
-                let n = decode_allocations(&model, block_size, dtype);
-                eprintln!(
-                    "{name}, block size {block_size}, {dtype} KV: {n} allocations in {STEPS} steps"
-                );
-                if n != 0 {
-                    failures.push(format!("{name}/{block_size}/{dtype}: {n}"));
+                // These fixtures have float weights: 16 rows or more go to `gemm`, whose
+                // packing buffers allocate (a prefill-sized batch), so 4 × (1 + 2) rows here.
+                for drafts in [0, 2] {
+                    let n = decode_allocations(&model, block_size, dtype, drafts);
+                    eprintln!(
+                        "{name}, block size {block_size}, {dtype} KV, {drafts} drafts: {n} \
+                         allocations in {STEPS} steps"
+                    );
+                    if n != 0 {
+                        failures.push(format!("{name}/{block_size}/{dtype}/{drafts}: {n}"));
+                    }
                 }
             }
         }
@@ -84,10 +105,15 @@ fn decode_steps_allocate_nothing() {
     let model =
         LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
     for dtype in [KvDtype::F32, KvDtype::F16] {
-        let n = decode_allocations(&model, 16, dtype);
-        eprintln!("SmolLM2-135M Q4_1, block size 16, {dtype} KV: {n} allocations in {STEPS} steps");
-        if n != 0 {
-            failures.push(format!("smollm2/{dtype}: {n}"));
+        for drafts in [0, 4] {
+            let n = decode_allocations(&model, 16, dtype, drafts);
+            eprintln!(
+                "SmolLM2-135M Q4_1, block size 16, {dtype} KV, {drafts} drafts: {n} allocations \
+                 in {STEPS} steps"
+            );
+            if n != 0 {
+                failures.push(format!("smollm2/{dtype}/{drafts}: {n}"));
+            }
         }
     }
     assert!(

@@ -44,12 +44,19 @@ fn decode_allocations(model: &DeepSeekModel, block_size: usize) -> usize {
         .map(|(s, &n)| (0..n).map(|i| ((i * 31 + s * 7) % vocab) as u32).collect())
         .collect();
     let mut ws = model.workspace(prompt_lens.iter().sum(), B);
-    decode_step_allocations::<B>(&prompts, &tables, WARM_UP, STEPS, |chunks, next| {
-        let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
-        for (s, n) in next.iter_mut().enumerate() {
-            *n = argmax(&logits[s * vocab..][..vocab]);
-        }
-    })
+    decode_step_allocations::<B>(
+        &prompts,
+        &tables,
+        0,
+        WARM_UP,
+        STEPS,
+        |chunks, rows, next| {
+            let logits = model.forward(chunks, &mut kv, &mut ws).unwrap();
+            for (n, r) in next.iter_mut().zip(rows) {
+                *n = argmax(&logits[r * vocab..][..vocab]);
+            }
+        },
+    )
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokenmill_engine::{EngineStats, FinishReason};
+use tokenmill_engine::{EngineStats, FinishReason, SchedulerConfig, SpecDecodeStats};
 
 const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -100,6 +100,34 @@ impl Histogram {
         let _ = writeln!(out, "{name}_sum{{{label}}} {sum:?}");
         let _ = writeln!(out, "{name}_count{{{label}}} {count}");
     }
+}
+
+/// Speculative decoding's counters (vLLM's names) and the acceptance rate so far.
+fn render_spec_decode(out: &mut String, s: &SpecDecodeStats, l: &str) {
+    let counters = [
+        (
+            "vllm:spec_decode_num_drafts_total",
+            "Number of spec decoding drafts.",
+            s.num_drafts,
+        ),
+        (
+            "vllm:spec_decode_num_draft_tokens_total",
+            "Number of draft tokens.",
+            s.num_draft_tokens,
+        ),
+        (
+            "vllm:spec_decode_num_accepted_tokens_total",
+            "Number of accepted tokens.",
+            s.num_accepted_tokens,
+        ),
+    ];
+    for (name, help, v) in counters {
+        header(out, name, help, "counter");
+        let _ = writeln!(out, "{name}{{{l}}} {v}.0");
+    }
+    let name = "vllm:spec_decode_draft_acceptance_rate";
+    header(out, name, "Speculative token acceptance rate.", "gauge");
+    let _ = writeln!(out, "{name}{{{l}}} {:?}", s.acceptance_rate());
 }
 
 fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -186,8 +214,14 @@ impl Metrics {
     }
 
     /// The whole exposition: engine gauges from `stats`, then request metrics.
-    pub fn render(&self, stats: &EngineStats, block_size: usize, waiting_extra: usize) -> String {
+    pub fn render(
+        &self,
+        stats: &EngineStats,
+        config: &SchedulerConfig,
+        waiting_extra: usize,
+    ) -> String {
         let l = &self.label;
+        let block_size = config.block_size;
         let mut out = String::with_capacity(16 << 10);
         for (name, help, v) in gauges(stats, waiting_extra) {
             header(&mut out, name, help, "gauge");
@@ -209,6 +243,9 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{{l}}} {v}.0");
         }
         self.render_by_reason(&mut out);
+        if config.speculative.is_some() {
+            render_spec_decode(&mut out, &stats.scheduler.spec_decode, l);
+        }
         let histograms = [
             (
                 &self.ttft,
@@ -437,13 +474,39 @@ mod tests {
     }
 
     #[test]
+    fn spec_decode_metrics_appear_only_with_speculation() {
+        let m = Metrics::new("m".into());
+        let mut stats = EngineStats::default();
+        stats.scheduler.spec_decode = SpecDecodeStats {
+            num_drafts: 3,
+            num_draft_tokens: 8,
+            num_accepted_tokens: 6,
+        };
+        let off = m.render(&stats, &SchedulerConfig::default(), 0);
+        assert!(!off.contains("spec_decode"));
+        let config = SchedulerConfig {
+            speculative: Some(tokenmill_engine::SpeculativeConfig::ngram(4)),
+            ..SchedulerConfig::default()
+        };
+        let on = m.render(&stats, &config, 0);
+        for line in [
+            r#"vllm:spec_decode_num_drafts_total{model_name="m"} 3.0"#,
+            r#"vllm:spec_decode_num_draft_tokens_total{model_name="m"} 8.0"#,
+            r#"vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 6.0"#,
+            r#"vllm:spec_decode_draft_acceptance_rate{model_name="m"} 0.75"#,
+        ] {
+            assert!(on.contains(line), "{line} missing from\n{on}");
+        }
+    }
+
+    #[test]
     fn renders_vllm_names_with_model_label() {
         let m = Metrics::new("my \"model\"".into());
         m.first_token(5, Duration::from_millis(30), Duration::from_millis(10));
         m.inter_token(Duration::from_millis(12));
         m.finished(Some(FinishReason::Length), 7, Duration::from_millis(400));
         m.reject(RejectReason::WaitingTokens);
-        let text = m.render(&EngineStats::default(), 16, 0);
+        let text = m.render(&EngineStats::default(), &SchedulerConfig::default(), 0);
         for name in [
             "vllm:num_requests_running",
             "vllm:num_requests_waiting",

@@ -12,12 +12,65 @@
 //! A request's `j`-th draft is accepted only if the ones before it were, so with acceptance
 //! rate `α` its chance is `α^j`: a request verifies the longest prefix of its proposal whose
 //! last draft still clears the threshold. `α` is the request's own accepted / verified
-//! drafts, smoothed toward the engine's rate (a request's first drafts count on the others').
+//! drafts ([`DraftRecord`]), recent ones weighing most (text turns repetitive and back), and
+//! smoothed toward the engine's rate (a request's first drafts count on the others').
+//!
+//! A request whose drafts stopped paying would never be tried again, and never notice its
+//! text turned into something prompt lookup predicts. So where rows are cheap (threshold
+//! below [`PROBE_BELOW`]) a request that keeps having proposals but verifies none verifies
+//! one every [`PROBE_EVERY`] steps: a probe costs one row now and then, and only there.
 
 use crate::sla::{StepFeatures, StepTimeModel};
 
 /// Weight, in drafts, of the engine-wide acceptance rate in a request's estimate.
 const PRIOR_DRAFTS: f64 = 4.0;
+/// Each verification step scales a request's earlier record by this.
+const DECAY: f64 = 0.9;
+/// A probe every this many steps that had a proposal but verified nothing...
+pub const PROBE_EVERY: u32 = 8;
+/// ...where a row costs at most this share of the step's tokens per row.
+pub const PROBE_BELOW: f64 = 0.5;
+
+/// How a request's drafts have fared: verified and accepted drafts, recent ones weighing
+/// most, and steps since it last verified one.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DraftRecord {
+    accepted: f64,
+    verified: f64,
+    idle_proposals: u32,
+}
+
+impl DraftRecord {
+    /// A verification step of `drafts` drafts (its accepted ones follow, one by one).
+    pub fn verified(&mut self, drafts: usize) {
+        self.accepted *= DECAY;
+        self.verified = self.verified * DECAY + drafts as f64;
+        self.idle_proposals = 0;
+    }
+
+    pub fn accepted(&mut self) {
+        self.accepted += 1.0;
+    }
+
+    /// The request's acceptance rate, with [`PRIOR_DRAFTS`] drafts at the engine's `global`.
+    pub fn rate(&self, global: f64) -> f64 {
+        (self.accepted + PRIOR_DRAFTS * global) / (self.verified + PRIOR_DRAFTS)
+    }
+
+    /// Of `proposed` drafts, those to verify this step under `threshold` (see the module).
+    pub fn drafts_to_take(&mut self, proposed: usize, global: f64, threshold: f64) -> usize {
+        let take = drafts_to_verify(proposed, self.rate(global), threshold);
+        if take > 0 || proposed == 0 || threshold >= PROBE_BELOW {
+            return take;
+        }
+        self.idle_proposals += 1;
+        if self.idle_proposals >= PROBE_EVERY {
+            self.idle_proposals = 0;
+            return 1;
+        }
+        0
+    }
+}
 
 /// The acceptance chance a draft must clear in a step shaped like `features` (its decode rows
 /// counted, `mean_context` keys per row).
@@ -32,10 +85,9 @@ pub fn threshold(model: &StepTimeModel, features: &StepFeatures, mean_context: u
     (marginal * rows as f64 / t).min(1.0)
 }
 
-/// A request's acceptance rate: its `accepted` of `verified` drafts, with [`PRIOR_DRAFTS`]
-/// drafts at the engine's rate `global`.
-pub fn acceptance(accepted: u64, verified: u64, global: f64) -> f64 {
-    (accepted as f64 + PRIOR_DRAFTS * global) / (verified as f64 + PRIOR_DRAFTS)
+/// The engine-wide rate: `accepted` of `verified` drafts, with [`PRIOR_DRAFTS`] at `prior`.
+pub fn acceptance(accepted: u64, verified: u64, prior: f64) -> f64 {
+    (accepted as f64 + PRIOR_DRAFTS * prior) / (verified as f64 + PRIOR_DRAFTS)
 }
 
 /// Drafts worth verifying out of `proposed`: the largest `j ≤ proposed` with
@@ -93,9 +145,38 @@ mod tests {
     }
 
     #[test]
-    fn a_requests_rate_starts_at_the_engines_and_follows_its_own() {
-        assert_eq!(acceptance(0, 0, 0.5), 0.5);
+    fn a_requests_rate_starts_at_the_engines_and_follows_its_recent_drafts() {
+        let mut r = DraftRecord::default();
+        assert_eq!(r.rate(0.5), 0.5);
+        for _ in 0..40 {
+            r.verified(4);
+            (0..4).for_each(|_| r.accepted());
+        }
+        assert!(r.rate(0.5) > 0.95, "{}", r.rate(0.5));
+        // Twenty rejected steps later, the record has turned.
+        for _ in 0..20 {
+            r.verified(4);
+        }
+        assert!(r.rate(0.5) < 0.2, "{}", r.rate(0.5));
         assert!((acceptance(96, 96, 0.5) - 0.98).abs() < 1e-9);
-        assert!(acceptance(0, 96, 0.5) < 0.03);
+    }
+
+    #[test]
+    fn a_request_that_stopped_drafting_probes_where_rows_are_cheap_and_not_under_load() {
+        let mut r = DraftRecord::default();
+        for _ in 0..30 {
+            r.verified(4);
+        }
+        let steps = |r: &mut DraftRecord, threshold| {
+            (0..2 * PROBE_EVERY)
+                .map(|_| r.drafts_to_take(3, 0.0, threshold))
+                .collect::<Vec<_>>()
+        };
+        let cheap = steps(&mut r, 0.2);
+        assert_eq!(cheap.iter().sum::<usize>(), 2, "{cheap:?}");
+        assert_eq!(cheap[PROBE_EVERY as usize - 1], 1);
+        assert_eq!(steps(&mut r, 0.9).iter().sum::<usize>(), 0);
+        // No proposal, no probe.
+        assert_eq!(r.drafts_to_take(0, 0.0, 0.0), 0);
     }
 }

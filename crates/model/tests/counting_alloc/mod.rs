@@ -51,15 +51,21 @@ pub fn allocations_during(f: impl FnOnce()) -> usize {
 }
 
 /// A batch of `B` sequences prefilled with `prompts` in one forward, then greedy decode
-/// steps of one token each: `forward` runs the chunks and writes each sequence's next token
-/// into its second argument. After `warm_up` decode steps, returns the allocations of the
-/// next `steps`.
+/// steps: `forward` runs the chunks and writes into its last argument each sequence's next
+/// token, read from the logits row its second argument names. After `warm_up` decode steps,
+/// returns the allocations of the next `steps`.
+///
+/// With `drafts > 0` each step is a speculative verification: a sequence's chunk is its next
+/// token and `drafts` draft tokens, with every row's logits, and it accepts a varying number
+/// of them (`(step + s) % (drafts + 1)`): its position moves past those only, so the next step
+/// rewrites the KV of the rejected ones, as the engine's rollback does.
 pub fn decode_step_allocations<const B: usize>(
     prompts: &[Vec<u32>],
     tables: &[Vec<u32>],
+    drafts: usize,
     warm_up: usize,
     steps: usize,
-    mut forward: impl FnMut(&[SeqChunk<'_>], &mut [u32; B]),
+    mut forward: impl FnMut(&[SeqChunk<'_>], &[usize; B], &mut [u32; B]),
 ) -> usize {
     assert_eq!((prompts.len(), tables.len()), (B, B));
     let mut next = [0u32; B];
@@ -69,18 +75,36 @@ pub fn decode_step_allocations<const B: usize>(
         block_table: &tables[s],
         logits: LogitsWanted::Last,
     });
-    forward(&prefill, &mut next);
+    forward(&prefill, &std::array::from_fn(|s| s), &mut next);
     let mut pos: [usize; B] = std::array::from_fn(|s| prompts[s].len());
+    // Chunk tokens, rewritten in place each step (allocated before counting).
+    let mut tokens: Vec<Vec<u32>> = vec![vec![0; 1 + drafts]; B];
+    let logits = if drafts > 0 {
+        LogitsWanted::All
+    } else {
+        LogitsWanted::Last
+    };
+    let mut step_no = 0;
     let mut step = |next: &mut [u32; B], pos: &mut [usize; B]| {
-        let toks = *next;
+        for (s, t) in tokens.iter_mut().enumerate() {
+            t[0] = next[s];
+            for (i, d) in t[1..].iter_mut().enumerate() {
+                *d = (next[s] + i as u32 + 1) % 64;
+            }
+        }
+        let accepted: [usize; B] = std::array::from_fn(|s| (step_no + s) % (drafts + 1));
+        let rows: [usize; B] = std::array::from_fn(|s| s * (1 + drafts) + accepted[s]);
         let chunks: [SeqChunk; B] = std::array::from_fn(|s| SeqChunk {
-            tokens: std::slice::from_ref(&toks[s]),
+            tokens: &tokens[s],
             start_pos: pos[s],
             block_table: &tables[s],
-            logits: LogitsWanted::Last,
+            logits,
         });
-        forward(&chunks, next);
-        pos.iter_mut().for_each(|p| *p += 1);
+        forward(&chunks, &rows, next);
+        for (p, a) in pos.iter_mut().zip(accepted) {
+            *p += 1 + a;
+        }
+        step_no += 1;
     };
     for _ in 0..warm_up {
         step(&mut next, &mut pos);

@@ -40,8 +40,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
 
 pub async fn metrics(State(state): State<SharedState>) -> Response {
     let stats = state.engine.stats();
-    let block_size = state.engine.config().block_size;
-    let text = state.metrics.render(&stats, block_size, 0);
+    let text = state.metrics.render(&stats, state.engine.config(), 0);
     (
         [(
             header::CONTENT_TYPE,
