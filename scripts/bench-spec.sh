@@ -3,8 +3,10 @@
 # with prompt lookup (`--speculative-config`, adaptive), one without, interleaved rounds
 # (which goes first alternates), medians and per-round ratios:
 #  1. one stream, repetition-heavy: "the same code/letter with one change" completions
-#     (scripts/data/spec-edit-prompts.jsonl, 192 tokens out) — decode tok/s = 1000 / TPOT;
-#  2. one stream, plain chat questions (scripts/data/spec-chat-prompts.jsonl, 128 out);
+#     (scripts/data/spec-edit-prompts.jsonl: 8, one a warm-up; 192 tokens out) — decode tok/s =
+#     1000 / median TPOT;
+#  2. one stream, plain chat questions (scripts/data/spec-chat-prompts.jsonl: 8, one a
+#     warm-up; 128 out);
 #  3. concurrency 16, 128 random tokens in / 128 out: output tok/s.
 # Also checks that greedy outputs of the edit prompts are the same on both servers.
 # Usage: scripts/bench-spec.sh [ROUNDS=3]
@@ -37,7 +39,7 @@ url() { if [ "$1" = on ]; then echo "http://127.0.0.1:$((port + 1))"; else echo 
 bench() { # side workload seed
   local side=$1 w=$2 seed=$3 args
   case $w in
-    edit) args=(--dataset-path scripts/data/spec-edit-prompts.jsonl --prompt-format text --num-prompts 4 --concurrency 1) ;;
+    edit) args=(--dataset-path scripts/data/spec-edit-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
     chat) args=(--endpoint /v1/chat/completions --dataset-path scripts/data/spec-chat-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
     c16) args=(--input-len 128 --output-len 128 --num-prompts 48 --concurrency 16) ;;
   esac

@@ -22,6 +22,13 @@
 //!    same), so a request admitted later in the same step with the same prompt — an `n > 1`
 //!    sibling — shares them at once instead of computing them twice.
 //!
+//! Speculative decoding (`config.speculative`, continuous batching): a running decode may
+//! carry drafts — proposed by prompt lookup over its tokens, as many as `spec::adaptive`
+//! finds worth a row this step, within the token budget (the reserve for later running
+//! requests kept) and what `max_tokens` and the model length leave; drafts that find no KV
+//! room are dropped rather than preempting anyone. The runner returns one token per accepted
+//! draft plus one; `update_from_output` moves the cursor over the accepted drafts only.
+//!
 //! The caller runs the [`SchedulerOutput`], samples one token per `sample` chunk and calls
 //! [`Scheduler::update_from_output`], which advances cursors, registers newly computed full
 //! blocks in the prefix cache, appends tokens, applies stop conditions and frees finished

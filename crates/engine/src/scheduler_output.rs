@@ -20,7 +20,8 @@
 //! Invariants: chunks name distinct requests; a chunk's request is in `new_requests` of this
 //! step or an earlier one and not yet finished; `tokens(c).len() == c.num_tokens`;
 //! `block_table(c)` covers positions `< c.start_pos + c.num_tokens`; a chunk with `sample`
-//! ends at its request's last known token, and its logits are `Last` or `All`.
+//! ends at its request's last known token — followed by its `num_draft_tokens` drafts, if it
+//! verifies any — and its logits are `Last` or `All` (`All` with drafts).
 
 use std::sync::Arc;
 use std::time::Duration;
