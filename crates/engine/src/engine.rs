@@ -268,6 +268,7 @@ impl EngineLoop {
             sampled,
             prompt_logprobs,
             failed,
+            drafts,
         } = match self.runner.execute(&self.out) {
             Ok(r) => r,
             Err(e) => {
@@ -278,6 +279,9 @@ impl EngineLoop {
         let executed = t.elapsed();
         let update = tokenmill_trace::scope("update", "engine");
         let outputs = self.scheduler.update_from_output(&self.out, sampled);
+        for (id, d) in &drafts {
+            self.scheduler.set_drafts(*id, d);
+        }
         // The cost model learns the whole iteration (schedule + execute + update): that is the
         // time between a sequence's tokens, which the TPOT target is about.
         self.scheduler.record_step(&self.out, t0.elapsed());

@@ -11,6 +11,7 @@
 //!   admissible request can run alone;
 //! - the result must pass [`SchedulerConfig::validate`].
 
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -22,7 +23,7 @@ use crate::kv_memory::{KvCacheMemory, num_blocks_for_memory, system_memory_bytes
 use crate::runner::ModelRunner;
 use crate::scheduler::{Batching, SchedulerConfig, SchedulingPolicy};
 use crate::sla::SlaTargets;
-use crate::spec::SpeculativeConfig;
+use crate::spec::{SpecMethod, SpeculativeConfig};
 
 /// Static batching (for comparison runs): a batch forms once full or after this wait.
 pub const STATIC_BATCH_MAX_WAIT: Duration = Duration::from_millis(100);
@@ -48,6 +49,8 @@ pub struct EngineConfig {
     pub sla: SlaTargets,
     /// Speculative decoding (`--speculative-config`).
     pub speculative: Option<SpeculativeConfig>,
+    /// The draft model of [`SpecMethod::DraftModel`] speculation (`--speculative-model`).
+    pub speculative_model: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -64,6 +67,7 @@ impl Default for EngineConfig {
             batching: Batching::Continuous,
             sla: SlaTargets::default(),
             speculative: None,
+            speculative_model: None,
         }
     }
 }
@@ -143,10 +147,34 @@ impl EngineConfig {
     }
 }
 
-/// Resolves `config` against `model` and starts the engine thread over it.
+/// Resolves `config` against `model` and starts the engine thread over it (opening the
+/// draft model first, if speculation uses one).
 pub fn launch(config: &EngineConfig, model: Model) -> Result<Launched, EngineError> {
     let (scheduler, warnings) = config.scheduler_config(&model)?;
-    let runner = ModelRunner::with_kv_dtype(model, &scheduler, config.kv_cache_dtype);
+    let draft_method = matches!(
+        config.speculative.map(|s| s.method),
+        Some(SpecMethod::DraftModel)
+    );
+    let draft = match (&config.speculative_model, draft_method) {
+        (Some(path), true) => Some(Model::open(path).map_err(|e| {
+            EngineError::InvalidConfig(format!("speculative model {}: {e}", path.display()))
+        })?),
+        (None, false) => None,
+        (Some(_), false) => {
+            return Err(EngineError::InvalidConfig(
+                "a speculative model needs speculative decoding by draft model".into(),
+            ));
+        }
+        (None, true) => {
+            return Err(EngineError::InvalidConfig(
+                "speculative decoding by draft model needs --speculative-model".into(),
+            ));
+        }
+    };
+    let mut runner = ModelRunner::with_kv_dtype(model, &scheduler, config.kv_cache_dtype);
+    if let Some(draft) = draft {
+        runner = runner.with_draft(draft, &scheduler, config.kv_cache_dtype)?;
+    }
     let kv_bytes_per_token = runner.kv_bytes_per_token();
     let (handle, thread) = start(runner, scheduler.clone())?;
     Ok(Launched {

@@ -116,6 +116,8 @@ pub struct Request {
     /// until accepted), and how the request's drafts have fared (`spec::adaptive`).
     pub(crate) drafts: Vec<u32>,
     pub(crate) draft_record: DraftRecord,
+    /// A draft model's proposal for when the request has this many tokens (stale otherwise).
+    pub(crate) drafts_for: usize,
 }
 
 impl Request {
@@ -138,6 +140,7 @@ impl Request {
             announced: false,
             drafts: Vec::new(),
             draft_record: DraftRecord::default(),
+            drafts_for: 0,
         }
     }
 

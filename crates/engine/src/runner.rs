@@ -34,6 +34,7 @@ use crate::request::{RequestId, RequestParams};
 use crate::sampler::{MAX_LOGPROBS, Sampled, Sampler, top_logprobs};
 use crate::scheduler_config::SchedulerConfig;
 use crate::scheduler_output::{NewRequest, ScheduledChunk, SchedulerOutput};
+use crate::spec::draft::DraftModel;
 
 /// Logprob of one prompt token given the tokens before it, with the top alternatives.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,6 +52,8 @@ pub struct StepResult {
     pub prompt_logprobs: Vec<(RequestId, usize, Vec<PromptLogprob>)>,
     /// Requests whose output constraint failed this step (they sampled nothing).
     pub failed: Vec<(RequestId, EngineError)>,
+    /// The draft model's proposals for the next step (speculative decoding with one).
+    pub drafts: Vec<(RequestId, Vec<u32>)>,
 }
 
 /// What the runner keeps of a request between its first step and its end.
@@ -105,6 +108,8 @@ pub struct ModelRunner {
     pad_table: Vec<u32>,
     /// Token ids of pad rows (zeros; grown to the longest pad row seen).
     pad_tokens: Vec<u32>,
+    /// Speculative decoding's draft model, when it has one.
+    draft: Option<DraftModel>,
 }
 
 impl ModelRunner {
@@ -139,7 +144,22 @@ impl ModelRunner {
             banned: Vec::new(),
             pad_table: vec![num_blocks as u32; config.max_model_len.div_ceil(config.block_size)],
             pad_tokens: Vec::new(),
+            draft: None,
         }
+    }
+
+    /// The runner with `draft` proposing speculative tokens after every step (its KV storage
+    /// parallel to the target's, of `kv_dtype`). Refused unless it shares the target's
+    /// vocabulary.
+    pub fn with_draft(
+        mut self,
+        draft: Model,
+        config: &SchedulerConfig,
+        kv_dtype: KvDtype,
+    ) -> Result<ModelRunner, EngineError> {
+        let vocab = self.model.vocab_size();
+        self.draft = Some(DraftModel::new(draft, vocab, config, kv_dtype)?);
+        Ok(self)
     }
 
     pub fn model(&self) -> &Model {
@@ -216,7 +236,7 @@ impl ModelRunner {
             .forward(&chunks, &mut self.kv, &mut self.ws)
             .map_err(|e| EngineError::Model(e.to_string()))?;
         drop(forward);
-        let _sample = tokenmill_trace::scope("sample", "engine");
+        let sample = tokenmill_trace::scope("sample", "engine");
         let mut result = StepResult::default();
         let mut row = 0;
         for (c, sc) in out.chunks.iter().zip(&chunks) {
@@ -241,6 +261,11 @@ impl ModelRunner {
                 let rows = &mut rows[first * vocab..];
                 verify(req, c, drafts, rows, vocab, &mut self.banned, &mut result);
             }
+        }
+        drop(sample);
+        if let Some(draft) = &mut self.draft {
+            let _s = tokenmill_trace::scope("draft", "engine");
+            result.drafts = draft.propose(out, &result.sampled)?;
         }
         Ok(result)
     }

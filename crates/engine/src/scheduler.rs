@@ -369,20 +369,26 @@ impl Scheduler {
         let global = self.global_acceptance();
         let max_len = self.config.max_model_len;
         let req = self.requests.get_mut(&id).expect("running request exists");
-        req.drafts.clear();
         if req.params.constraint.is_some() {
+            req.drafts.clear();
             return 0;
         }
         let k = spec
             .num_speculative_tokens
             .min(req.max_drafts(max_len))
             .min(room);
-        let SpecMethod::Ngram {
-            prompt_lookup_min,
-            prompt_lookup_max,
-        } = spec.method;
-        let (tokens, drafts) = req.tokens_and_drafts();
-        ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts);
+        match spec.method {
+            SpecMethod::Ngram {
+                prompt_lookup_min,
+                prompt_lookup_max,
+            } => {
+                let (tokens, drafts) = req.tokens_and_drafts();
+                ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts);
+            }
+            // The draft model proposed after the last step (`set_drafts`), if it could.
+            SpecMethod::DraftModel if req.drafts_for == req.num_tokens() => req.drafts.truncate(k),
+            SpecMethod::DraftModel => req.drafts.clear(),
+        }
         if spec.adaptive {
             let proposed = req.drafts.len();
             let record = &mut req.draft_record;
@@ -390,6 +396,30 @@ impl Scheduler {
             req.drafts.truncate(keep);
         }
         req.drafts.len()
+    }
+
+    /// A draft model's proposal for running request `id`, for its next step (ignored if the
+    /// request is gone or not running).
+    pub fn set_drafts(&mut self, id: RequestId, drafts: &[u32]) {
+        if let Some(req) = self.requests.get_mut(&id)
+            && req.status == RequestStatus::Running
+        {
+            req.drafts.clear();
+            req.drafts.extend_from_slice(drafts);
+            req.drafts_for = req.num_tokens();
+        }
+    }
+
+    /// KV slots to reserve past a chunk of `n` tokens from `start` for the proposer's guesses:
+    /// only a chunk that samples (it ends at or past its request's `left` uncomputed tokens),
+    /// and never past the model length.
+    fn lookahead(&self, start: usize, n: usize, left: usize) -> usize {
+        match self.config.speculative {
+            Some(spec) if n >= left => spec
+                .lookahead()
+                .min(self.config.max_model_len.saturating_sub(start + n)),
+            _ => 0,
+        }
     }
 
     /// Feeds the measured duration of the step `out` described to the step-time model (an
@@ -486,11 +516,17 @@ impl Scheduler {
             if let Some(w) = self.config.sliding_window {
                 self.kv.free_out_of_window(id, start, w);
             }
+            let mut ahead = self.lookahead(start, n, left);
             loop {
-                if self.kv.allocate_slots(id, start, n, &[]).is_some() {
+                if self.kv.allocate_slots(id, start, n + ahead, &[]).is_some() {
                     self.take(budget, id, start, n, left);
                     i += 1;
                     break;
+                }
+                if ahead > 0 {
+                    // No room for the proposer's guesses: it proposes fewer.
+                    ahead = 0;
+                    continue;
                 }
                 if n > left {
                     // No room for the drafts: decode without them rather than preempt.
@@ -540,11 +576,16 @@ impl Scheduler {
             let start = prefix.num_tokens;
             let left = req.num_tokens() - start;
             let n = self.prefill_chunk(budget, start, left, 0);
+            let ahead = self.lookahead(start, n, left);
             if n == 0
-                || self
+                || (self
                     .kv
-                    .allocate_slots(id, start, n, &prefix.blocks)
+                    .allocate_slots(id, start, n + ahead, &prefix.blocks)
                     .is_none()
+                    && self
+                        .kv
+                        .allocate_slots(id, start, n, &prefix.blocks)
+                        .is_none())
             {
                 break;
             }

@@ -1,16 +1,18 @@
 //! Speculative decoding on the real default model is lossless: greedy output token for token
 //! the same with prompt lookup on as off — on text that repeats (drafts mostly accepted) and
 //! text that does not — and seeded sampling the same too, with stop tokens and `min_tokens`
-//! landing where they land without speculation.
+//! landing where they land without speculation. The same with the model as its own draft
+//! model; a draft model of another vocabulary is refused at launch.
 
 mod real_model;
 
 use real_model::{engine, params};
 use serde_json::Value;
 use tokenmill_engine::{
-    EngineHandle, RequestParams, RequestStream, SamplingParams, SchedulerConfig, SpeculativeConfig,
-    StreamEvent,
+    EngineConfig, EngineError, EngineHandle, KvCacheMemory, KvDtype, ModelRunner, RequestParams,
+    RequestStream, SamplingParams, SchedulerConfig, SpeculativeConfig, StreamEvent, launch, start,
 };
+use tokenmill_model::Model;
 
 fn fixture_prompts() -> Vec<Vec<u32>> {
     let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
@@ -146,4 +148,76 @@ fn seeded_sampling_stop_tokens_and_min_tokens_land_where_they_do_without_specula
         );
     }
     assert!(on.stats().scheduler.spec_decode.num_accepted_tokens > 0);
+}
+
+/// An engine whose draft model is the default model itself.
+fn self_drafting_engine(spec: SpeculativeConfig) -> EngineHandle {
+    let config = config(Some(spec));
+    let open = || Model::open(&tokenmill_testutil::model_path()).unwrap();
+    let runner = ModelRunner::new(open(), &config)
+        .with_draft(open(), &config, KvDtype::F32)
+        .unwrap();
+    start(runner, config).unwrap().0
+}
+
+#[test]
+fn a_draft_model_changes_no_output_and_its_own_guesses_are_mostly_accepted() {
+    let prompts = fixture_prompts();
+    let p = params(32, SamplingParams::greedy());
+    let off = engine(config(None));
+    let want = run(&off, &prompts, &p, false);
+    let seeded = params(
+        24,
+        SamplingParams {
+            temperature: 0.8,
+            seed: Some(3),
+            ..SamplingParams::default()
+        },
+    );
+    let want_seeded = run(&off, &prompts, &seeded, false);
+    drop(off);
+    let every = SpeculativeConfig {
+        adaptive: false,
+        ..SpeculativeConfig::draft_model(4)
+    };
+    let h = self_drafting_engine(every);
+    assert_eq!(run(&h, &prompts, &p, false), want, "alone");
+    assert_eq!(run(&h, &prompts, &p, true), want, "batched");
+    // Greedy drafts of the same model are what the greedy target picks: the draft's KV holds
+    // exactly the verified tokens (a stale slot would make it guess wrong).
+    let s = h.stats().scheduler.spec_decode;
+    eprintln!(
+        "self-draft, greedy: {s:?}, acceptance {:.3}",
+        s.acceptance_rate()
+    );
+    assert!(s.acceptance_rate() > 0.97, "{s:?}");
+    assert_eq!(run(&h, &prompts, &seeded, false), want_seeded, "seeded");
+}
+
+#[test]
+fn a_draft_model_must_share_the_vocabulary_and_be_asked_for() {
+    let tiny = tokenmill_testutil::fixtures_dir("tiny").join("llama.gguf");
+    let launch_with = |spec: Option<SpeculativeConfig>, path: Option<std::path::PathBuf>| {
+        let config = EngineConfig {
+            kv_cache_memory: KvCacheMemory::Bytes(64 << 20),
+            speculative: spec,
+            speculative_model: path,
+            ..EngineConfig::default()
+        };
+        let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
+        match launch(&config, model) {
+            Err(EngineError::InvalidConfig(m)) => m,
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("launched"),
+        }
+    };
+    let draft = Some(SpeculativeConfig::draft_model(4));
+    let m = launch_with(draft, Some(tiny.clone()));
+    assert!(m.contains("vocabulary"), "{m}");
+    let m = launch_with(draft, None);
+    assert!(m.contains("--speculative-model"), "{m}");
+    let m = launch_with(Some(SpeculativeConfig::ngram(4)), Some(tiny));
+    assert!(m.contains("draft model"), "{m}");
+    let m = launch_with(draft, Some("/nonexistent/draft.gguf".into()));
+    assert!(m.contains("/nonexistent/draft.gguf"), "{m}");
 }

@@ -97,16 +97,25 @@ fn run_case(seed: u64, cov: &mut Coverage) {
     }
     // Speculation over a model that mostly copies itself, so that drafts get accepted.
     let spec = cfg.batching == Batching::Continuous && rng.random_bool(0.3);
+    // Half prompt lookup, half a stand-in draft model proposing copied tokens.
+    let draft_model = spec && rng.random_bool(0.5);
     if spec {
+        let k = rng.random_range(1..=6);
+        let method = if draft_model {
+            SpeculativeConfig::draft_model(k)
+        } else {
+            SpeculativeConfig::ngram(k)
+        };
         cfg.speculative = Some(SpeculativeConfig {
             adaptive: rng.random_bool(0.5),
-            ..SpeculativeConfig::ngram(rng.random_range(1..=6))
+            ..method
         });
     }
     let mut d = Driver::new(cfg.clone());
     d.check_running_progress = !sla;
+    let period = rng.random_range(2..=8);
     if spec || rng.random_bool(0.2) {
-        d.runner.copy_period = Some(rng.random_range(2..=8));
+        d.runner.copy_period = Some(period);
     }
 
     // Shared prefixes so that prefix caching has something to hit.
@@ -161,6 +170,9 @@ fn run_case(seed: u64, cov: &mut Coverage) {
             d.abort(victim);
         }
         d.step();
+        if draft_model {
+            d.propose_copied_drafts(period, 6);
+        }
         cov.max_running = cov.max_running.max(d.sched.num_running());
         for (i, c) in d.out.chunks.iter().enumerate() {
             let prompt_len = d.tracks[&c.req_id].prompt.len();

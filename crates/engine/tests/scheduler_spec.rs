@@ -130,3 +130,47 @@ fn adaptive_speculation_drafts_for_one_sequence_and_not_for_a_full_batch() {
     full.check_against_reference();
     assert_eq!(full.sched.stats().spec_decode.num_drafts, 0);
 }
+
+fn run_with_fake_draft(d: &mut Driver, k: usize, max_steps: usize) {
+    while d.live() {
+        assert!(d.step < max_steps, "not finished after {max_steps} steps");
+        d.step();
+        d.propose_copied_drafts(PERIOD, k);
+    }
+    d.run_to_completion(max_steps);
+}
+
+#[test]
+fn draft_model_proposals_are_verified_with_lookahead_slots_and_change_no_output() {
+    let every = SpeculativeConfig {
+        adaptive: false,
+        ..SpeculativeConfig::draft_model(4)
+    };
+    let mut d = driver(cfg(160, every));
+    for i in 0..6 {
+        d.submit(i, periodic_prompt(i, 12 + i as usize), params(40));
+    }
+    run_with_fake_draft(&mut d, 4, 500);
+    d.check_against_reference();
+    let s = d.sched.stats().spec_decode;
+    assert!(
+        s.num_accepted_tokens > 0 && s.num_accepted_tokens < s.num_draft_tokens,
+        "{s:?}"
+    );
+    // Every sampling chunk got the proposer its 4 lookahead slots past the chunk.
+    for o in &d.log {
+        for c in o.chunks.iter().filter(|c| c.sample) {
+            let covered = o.block_table(c).len() * 4;
+            assert!(
+                covered >= c.start_pos + c.num_tokens + 4,
+                "{c:?}: {covered}"
+            );
+        }
+    }
+    // A stale proposal (the request moved on without one) is not used.
+    let mut d = driver(cfg(160, every));
+    d.submit(1, periodic_prompt(1, 12), params_exact(10));
+    d.run_to_completion(100);
+    d.check_against_reference();
+    assert_eq!(d.sched.stats().spec_decode.num_drafts, 0);
+}

@@ -77,65 +77,115 @@ pub struct EngineArgs {
     #[arg(long)]
     pub target_tpot_ms: Option<f64>,
     /// Speculative decoding, as vLLM spells it: a JSON object, e.g. `{"method": "ngram",
-    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4}` (also `prompt_lookup_min`, and
-    /// `adaptive`: false to verify every draft found whatever the load).
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4}` (also `prompt_lookup_min`), or
+    /// `{"model": "draft.gguf", "num_speculative_tokens": 4}` (method `draft_model`); and
+    /// `adaptive`: false to verify every draft whatever the load.
     #[arg(long, value_parser = parse_speculative_config)]
-    pub speculative_config: Option<SpeculativeConfig>,
+    pub speculative_config: Option<SpecFlag>,
+    /// A draft model for speculative decoding (any model tokenmill loads with the target's
+    /// vocabulary; shorthand for `--speculative-config '{"model": PATH}'`).
+    #[arg(long)]
+    pub speculative_model: Option<PathBuf>,
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
 }
 
-/// `--speculative-config`: vLLM's keys; unknown keys and methods are errors.
-pub fn parse_speculative_config(text: &str) -> Result<SpeculativeConfig, String> {
+/// `--speculative-config` as given (resolved with `--speculative-model` by
+/// [`SpecFlag::resolve`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SpecFlag {
+    method: Option<String>,
+    model: Option<PathBuf>,
+    num_speculative_tokens: Option<usize>,
+    prompt_lookup: (Option<usize>, Option<usize>),
+    adaptive: Option<bool>,
+}
+
+/// `--speculative-config`: vLLM's keys; unknown keys are errors.
+pub fn parse_speculative_config(text: &str) -> Result<SpecFlag, String> {
     let v: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("not a JSON object: {e}"))?;
     let obj = v.as_object().ok_or("not a JSON object")?;
-    let mut config = SpeculativeConfig::ngram(4);
-    let (mut lo, mut hi) = (None, None);
+    let mut flag = SpecFlag::default();
     let count = |key: &str, v: &serde_json::Value| {
         v.as_u64()
             .map(|n| n as usize)
             .ok_or(format!("{key} must be a non-negative integer"))
     };
+    let string = |key: &str, v: &serde_json::Value| {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or(format!("{key} must be a string"))
+    };
     for (key, value) in obj {
         match key.as_str() {
-            "method" => match value.as_str() {
-                Some("ngram") => {}
-                other => {
-                    return Err(format!(
-                        "method {other:?} is not supported: tokenmill speculates with \"ngram\" \
-                         (prompt lookup)"
-                    ));
-                }
-            },
-            "num_speculative_tokens" => config.num_speculative_tokens = count(key, value)?,
-            "prompt_lookup_min" => lo = Some(count(key, value)?),
-            "prompt_lookup_max" => hi = Some(count(key, value)?),
+            "method" => flag.method = Some(string(key, value)?),
+            "model" => flag.model = Some(string(key, value)?.into()),
+            "num_speculative_tokens" => flag.num_speculative_tokens = Some(count(key, value)?),
+            "prompt_lookup_min" => flag.prompt_lookup.0 = Some(count(key, value)?),
+            "prompt_lookup_max" => flag.prompt_lookup.1 = Some(count(key, value)?),
             "adaptive" => {
-                config.adaptive = value.as_bool().ok_or("adaptive must be true or false")?;
+                flag.adaptive = Some(value.as_bool().ok_or("adaptive must be true or false")?);
             }
             _ => {
                 return Err(format!(
-                    "unknown key {key:?} (known: method, num_speculative_tokens, \
+                    "unknown key {key:?} (known: method, model, num_speculative_tokens, \
                      prompt_lookup_min, prompt_lookup_max, adaptive)"
                 ));
             }
         }
     }
-    if !obj.contains_key("method") {
-        return Err("\"method\" is required (\"ngram\")".into());
-    }
-    // As in vLLM, either bound alone sets both; neither keeps tokenmill's (2, 4).
-    if lo.is_some() || hi.is_some() {
-        let (lo, hi) = (lo.or(hi).unwrap_or(0), hi.or(lo).unwrap_or(0));
-        config.method = SpecMethod::Ngram {
-            prompt_lookup_min: lo,
-            prompt_lookup_max: hi,
+    // What can be checked without `--speculative-model` (which may name the draft).
+    let draft = flag.method.as_deref() != Some("ngram") && flag.model.is_none();
+    flag.resolve(draft.then(|| PathBuf::from("--speculative-model")))?;
+    Ok(flag)
+}
+
+impl SpecFlag {
+    /// The engine's speculation and draft model path, `model` being `--speculative-model`.
+    pub fn resolve(
+        &self,
+        model: Option<PathBuf>,
+    ) -> Result<(SpeculativeConfig, Option<PathBuf>), String> {
+        let model = model.or(self.model.clone());
+        let k = self.num_speculative_tokens.unwrap_or(4);
+        let mut config = match (self.method.as_deref(), &model) {
+            (Some("ngram"), None) => SpeculativeConfig::ngram(k),
+            (Some("ngram"), Some(_)) => {
+                return Err("method \"ngram\" takes no draft model".into());
+            }
+            (Some("draft_model") | None, Some(_)) => SpeculativeConfig::draft_model(k),
+            (Some("draft_model"), None) => {
+                return Err(
+                    "method \"draft_model\" needs a \"model\" (or --speculative-model)".into(),
+                );
+            }
+            (None, None) => {
+                return Err("\"method\" (\"ngram\") or a draft \"model\" is required".into());
+            }
+            (Some(other), _) => {
+                return Err(format!(
+                    "method {other:?} is not supported: tokenmill speculates with \"ngram\" \
+                     (prompt lookup) or \"draft_model\""
+                ));
+            }
         };
+        if let Some(a) = self.adaptive {
+            config.adaptive = a;
+        }
+        // As in vLLM, either bound alone sets both; neither keeps tokenmill's (2, 4).
+        if let (SpecMethod::Ngram { .. }, (lo, hi)) = (config.method, self.prompt_lookup)
+            && (lo.is_some() || hi.is_some())
+        {
+            config.method = SpecMethod::Ngram {
+                prompt_lookup_min: lo.or(hi).unwrap_or(0),
+                prompt_lookup_max: hi.or(lo).unwrap_or(0),
+            };
+        }
+        config.validate().map_err(|e| e.to_string())?;
+        Ok((config, model))
     }
-    config.validate().map_err(|e| e.to_string())?;
-    Ok(config)
 }
 
 impl EngineArgs {
@@ -146,6 +196,18 @@ impl EngineArgs {
             v.filter(|v| *v > 0.0)
                 .map(|v| Duration::from_secs_f64(v / 1e3))
         };
+        let (speculative, speculative_model) =
+            match (&self.speculative_config, &self.speculative_model) {
+                (None, None) => (None, None),
+                (flag, model) => {
+                    let (c, m) = flag
+                        .clone()
+                        .unwrap_or_default()
+                        .resolve(model.clone())
+                        .map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?;
+                    (Some(c), m)
+                }
+            };
         Ok(EngineConfig {
             max_num_seqs: self.max_num_seqs,
             max_num_batched_tokens: self.max_num_batched_tokens,
@@ -169,7 +231,8 @@ impl EngineArgs {
                 ttft: ms(self.target_ttft_ms),
                 tpot: ms(self.target_tpot_ms),
             },
-            speculative: self.speculative_config,
+            speculative,
+            speculative_model,
         })
     }
 
@@ -222,37 +285,60 @@ mod tests {
         assert!(msg.contains("bf16") && msg.contains("f32, f16"), "{msg}");
     }
 
+    fn speculative(args: &[&str]) -> anyhow::Result<(Option<SpeculativeConfig>, Option<PathBuf>)> {
+        let c = parse(args).map_err(|e| anyhow::anyhow!("{e}"))?.config()?;
+        Ok((c.speculative, c.speculative_model))
+    }
+
     #[test]
     fn speculative_config_takes_vllms_json_and_refuses_what_it_cannot_do() {
         let flag = r#"{"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_max": 3}"#;
-        let c = parse(&["--speculative-config", flag])
-            .unwrap()
-            .speculative_config
-            .unwrap();
-        assert_eq!(c.num_speculative_tokens, 6);
-        assert!(c.adaptive);
-        let SpecMethod::Ngram {
-            prompt_lookup_min,
-            prompt_lookup_max,
-        } = c.method;
-        assert_eq!((prompt_lookup_min, prompt_lookup_max), (3, 3));
+        let (c, m) = speculative(&["--speculative-config", flag]).unwrap();
+        let c = c.unwrap();
+        assert_eq!((c.num_speculative_tokens, c.adaptive, m), (6, true, None));
+        let ngram = |lo, hi| SpecMethod::Ngram {
+            prompt_lookup_min: lo,
+            prompt_lookup_max: hi,
+        };
+        assert_eq!(c.method, ngram(3, 3));
         let both = r#"{"method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 5}"#;
-        let c = parse_speculative_config(both).unwrap();
-        assert_eq!(
-            c.method,
-            SpecMethod::Ngram {
-                prompt_lookup_min: 1,
-                prompt_lookup_max: 5
-            }
+        let c = speculative(&["--speculative-config", both])
+            .unwrap()
+            .0
+            .unwrap();
+        assert_eq!(c.method, ngram(1, 5));
+        let default = speculative(&["--speculative-config", r#"{"method": "ngram"}"#]).unwrap();
+        assert_eq!(default, (Some(SpeculativeConfig::ngram(4)), None));
+        let fixed = r#"{"method": "ngram", "adaptive": false}"#;
+        assert!(
+            !speculative(&["--speculative-config", fixed])
+                .unwrap()
+                .0
+                .unwrap()
+                .adaptive
         );
-        let default = parse_speculative_config(r#"{"method": "ngram"}"#).unwrap();
-        assert_eq!(default, SpeculativeConfig::ngram(4));
-        let fixed = parse_speculative_config(r#"{"method": "ngram", "adaptive": false}"#);
-        assert!(!fixed.unwrap().adaptive);
-        assert!(parse(&[]).unwrap().speculative_config.is_none());
+        assert_eq!(speculative(&[]).unwrap(), (None, None));
+        // A draft model: by the JSON's "model" or by --speculative-model.
+        let draft = r#"{"model": "d.gguf", "num_speculative_tokens": 3}"#;
+        let want = (
+            Some(SpeculativeConfig::draft_model(3)),
+            Some("d.gguf".into()),
+        );
+        assert_eq!(speculative(&["--speculative-config", draft]).unwrap(), want);
+        let k3 = r#"{"num_speculative_tokens": 3}"#;
+        let args = ["--speculative-model", "d.gguf", "--speculative-config", k3];
+        assert_eq!(speculative(&args).unwrap(), want);
+        let only = speculative(&["--speculative-model", "d.gguf"]).unwrap();
+        assert_eq!(only.0, Some(SpeculativeConfig::draft_model(4)));
         for (bad, says) in [
             (r#"{"method": "eagle"}"#, "not supported"),
             (r#"{"num_speculative_tokens": 4}"#, "required"),
+            (r#"{"method": "draft_model"}"#, "needs a"),
+            (r#"{"model": 3}"#, "must be a string"),
+            (
+                r#"{"method": "ngram", "model": "d.gguf"}"#,
+                "no draft model",
+            ),
             (
                 r#"{"method": "ngram", "num_speculative_tokens": 0}"#,
                 "1..=16",
@@ -268,12 +354,18 @@ mod tests {
             (r#"{"method": "ngram", "draft": 1}"#, "unknown key"),
             ("[4]", "not a JSON object"),
         ] {
-            let err = parse(&["--speculative-config", bad])
-                .err()
-                .unwrap()
+            let err = speculative(&["--speculative-config", bad])
+                .unwrap_err()
                 .to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
+        let err = speculative(&[
+            "--speculative-model",
+            "d.gguf",
+            "--speculative-config",
+            fixed,
+        ]);
+        assert!(err.unwrap_err().to_string().contains("no draft model"));
     }
 
     #[test]

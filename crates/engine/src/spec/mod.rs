@@ -2,9 +2,11 @@
 //! all in one forward of the normal batched step, keep the ones the target model agrees with.
 //!
 //! The pieces, each where its stage of the step is:
-//! - **propose** ([`ngram`]): prompt lookup — the request's last n tokens matched earlier in its
-//!   prompt and output, proposing what followed (vLLM's `ngram`, llama.cpp's lookup decoding).
-//!   The scheduler proposes for each running decode when it plans the step.
+//! - **propose**: prompt lookup ([`ngram`]) — the request's last n tokens matched earlier in
+//!   its prompt and output, proposing what followed (vLLM's `ngram`, llama.cpp's lookup
+//!   decoding), by the scheduler for each running decode when it plans the step; or a draft
+//!   model ([`draft`]) — a smaller model with the same vocabulary, run by the runner after the
+//!   target's step, its guesses handed to the scheduler for the next step.
 //! - **how many** ([`adaptive`]): a draft costs a row of every matmul, its LM head and its
 //!   attention whether accepted or not; the step-time model says what a row costs now, the
 //!   request's acceptance so far what it is likely to return. A draft is verified only while
@@ -29,6 +31,7 @@
 //! at a time); neither are requests asking for prompt logprobs while still in their prompt.
 
 pub mod adaptive;
+pub mod draft;
 pub mod ngram;
 
 use crate::error::EngineError;
@@ -46,6 +49,9 @@ pub enum SpecMethod {
         prompt_lookup_min: usize,
         prompt_lookup_max: usize,
     },
+    /// A draft model (`EngineConfig::speculative_model`) sharing the target's vocabulary,
+    /// proposing its greedy continuation.
+    DraftModel,
 }
 
 /// `--speculative-config`, resolved.
@@ -73,6 +79,24 @@ impl SpeculativeConfig {
         }
     }
 
+    /// A draft model proposing `num_speculative_tokens` tokens, adaptive verification.
+    pub fn draft_model(num_speculative_tokens: usize) -> SpeculativeConfig {
+        SpeculativeConfig {
+            method: SpecMethod::DraftModel,
+            num_speculative_tokens,
+            adaptive: true,
+        }
+    }
+
+    /// KV slots past a sampling chunk the scheduler reserves for the proposer to write its
+    /// guesses' KV in (the draft model's; prompt lookup writes none).
+    pub fn lookahead(&self) -> usize {
+        match self.method {
+            SpecMethod::Ngram { .. } => 0,
+            SpecMethod::DraftModel => self.num_speculative_tokens,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), EngineError> {
         let bad = |m: String| Err(EngineError::InvalidConfig(m));
         let k = self.num_speculative_tokens;
@@ -84,7 +108,10 @@ impl SpeculativeConfig {
         let SpecMethod::Ngram {
             prompt_lookup_min: lo,
             prompt_lookup_max: hi,
-        } = self.method;
+        } = self.method
+        else {
+            return Ok(());
+        };
         if lo == 0 || lo > hi {
             return bad(format!(
                 "prompt_lookup_min ({lo}) must be at least 1 and at most prompt_lookup_max ({hi})"

@@ -338,9 +338,12 @@ impl Driver {
                 assert!(tokens.len() + c.num_draft_tokens < cfg.max_model_len);
             }
             let table = out.block_table(c);
-            // Blocks of drafts rejected earlier stay with the request.
+            // Blocks of drafts rejected earlier stay with the request, and a draft model's
+            // lookahead slots lie past the chunk.
             let need = (c.start_pos + c.num_tokens).div_ceil(cfg.block_size);
-            let spare = cfg.speculative.map_or(0, |s| s.num_speculative_tokens);
+            let spare = cfg
+                .speculative
+                .map_or(0, |s| s.num_speculative_tokens + s.lookahead());
             let most = (c.start_pos + c.num_tokens + spare).div_ceil(cfg.block_size);
             assert!(table.len() >= need && table.len() <= most, "table size");
             let live: Vec<_> = table.iter().filter(|&&b| b != BlockId::NULL.0).collect();
@@ -400,6 +403,24 @@ impl Driver {
                     self.step
                 );
             }
+        }
+    }
+
+    /// A stand-in for a draft model: each running decode is handed, as its next proposal,
+    /// up to `k` of the tokens `period` positions back (what the copying model usually emits).
+    pub fn propose_copied_drafts(&mut self, period: usize, k: usize) {
+        let ids: Vec<RequestId> = self.tracks.keys().copied().collect();
+        for id in ids {
+            let Some(r) = self.sched.request(id) else {
+                continue;
+            };
+            if r.status != RequestStatus::Running || r.num_uncomputed_tokens() != 1 {
+                continue;
+            }
+            let t = r.token_ids();
+            let from = t.len().saturating_sub(period);
+            let drafts: Vec<u32> = t[from..].iter().copied().take(k).collect();
+            self.sched.set_drafts(id, &drafts);
         }
     }
 
