@@ -45,7 +45,7 @@ enum Command {
     /// Load-test an OpenAI-compatible server over HTTP, like `vllm bench serve`.
     Bench(Box<bench::BenchArgs>),
     /// Load-test the engine in-process (no HTTP): throughput and TTFT/TPOT percentiles.
-    BenchEngine(bench_engine::BenchEngineArgs),
+    BenchEngine(Box<bench_engine::BenchEngineArgs>),
     /// Trace an in-process workload (Chrome/Perfetto JSON); `profile report TRACE` analyses one.
     Profile(Box<profile::ProfileArgs>),
     /// Print a GGUF file's metadata and tensor table.
@@ -74,7 +74,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::BenchModel(args) => bench_model::run(args),
         Command::Bench(args) => bench::run_cli(*args),
-        Command::BenchEngine(args) => bench_engine::run(args),
+        Command::BenchEngine(args) => bench_engine::run(*args),
         Command::Profile(args) => profile::run(*args),
         Command::Inspect { path } => inspect::run(&path),
         Command::Quantize(args) => quantize::run(args),
