@@ -8,6 +8,12 @@
 //! its random stream unchanged. Everything it reads comes from the [`SchedulerOutput`]: the
 //! runner knows nothing of the scheduler.
 //!
+//! Speculative decoding: a chunk that carries drafts wants every row's logits; row `i` is
+//! sampled as a plain decode would be, and sampling moves to row `i + 1` only while the
+//! sampled token equals draft `i` (`verify`; see `spec`). With a draft model, the runner then
+//! has it ingest what was verified and guess the next tokens ([`DraftModel`]), returned in
+//! [`StepResult::drafts`].
+//!
 //! A request with an output constraint also keeps its [`ConstraintState`] and a token mask.
 //! Before the forward pass of a step in which such requests sample, their masks are filled
 //! in parallel, one request per task on the compute pool — the forward's own threads: a

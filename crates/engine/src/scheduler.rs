@@ -377,6 +377,15 @@ impl Scheduler {
             .num_speculative_tokens
             .min(req.max_drafts(max_len))
             .min(room);
+        if spec.adaptive
+            && !req
+                .draft_record
+                .worth_proposing(k, global, budget.draft_threshold)
+        {
+            // Under load nothing this request could propose would be verified: skip the work.
+            req.drafts.clear();
+            return 0;
+        }
         match spec.method {
             SpecMethod::Ngram {
                 prompt_lookup_min,

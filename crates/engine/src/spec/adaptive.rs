@@ -57,6 +57,12 @@ impl DraftRecord {
         (self.accepted + PRIOR_DRAFTS * global) / (self.verified + PRIOR_DRAFTS)
     }
 
+    /// Whether up to `k` proposed drafts could be verified this step under `threshold`, by
+    /// their chance or as a probe; if not, proposing them is wasted work.
+    pub fn worth_proposing(&self, k: usize, global: f64, threshold: f64) -> bool {
+        k > 0 && (threshold < PROBE_BELOW || drafts_to_verify(k, self.rate(global), threshold) > 0)
+    }
+
     /// Of `proposed` drafts, those to verify this step under `threshold` (see the module).
     pub fn drafts_to_take(&mut self, proposed: usize, global: f64, threshold: f64) -> usize {
         let take = drafts_to_verify(proposed, self.rate(global), threshold);
@@ -176,6 +182,11 @@ mod tests {
         assert_eq!(cheap.iter().sum::<usize>(), 2, "{cheap:?}");
         assert_eq!(cheap[PROBE_EVERY as usize - 1], 1);
         assert_eq!(steps(&mut r, 0.9).iter().sum::<usize>(), 0);
+        // So under load it is not worth proposing for; where rows are cheap it is (probes).
+        assert!(!r.worth_proposing(3, 0.0, 0.9));
+        assert!(r.worth_proposing(3, 0.0, 0.2));
+        assert!(DraftRecord::default().worth_proposing(3, 0.7, 0.5));
+        assert!(!DraftRecord::default().worth_proposing(0, 0.7, 0.0));
         // No proposal, no probe.
         assert_eq!(r.drafts_to_take(0, 0.0, 0.0), 0);
     }
