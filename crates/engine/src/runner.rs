@@ -536,6 +536,99 @@ mod tests {
         assert!(entries.iter().all(|e| e.logprob < 0.0 && e.top.is_empty()));
     }
 
+    /// The accept/reject rule on a small distribution: the prompt's next token sampled at
+    /// temperature 1 among its 4 likeliest, with the likeliest proposed as a draft. Over 2000
+    /// seeds the first token out follows the model's distribution (chi-square), the draft is
+    /// accepted as often as its probability says, and a bonus token follows exactly then.
+    #[test]
+    fn verifying_a_draft_keeps_the_target_distribution() {
+        let model = Model::open(&tokenmill_testutil::model_path()).unwrap();
+        let vocab = model.vocab_size();
+        let draft = model_greedy();
+        let tokens: Vec<u32> = PROMPT.iter().copied().chain([draft]).collect();
+        let (mut kv, mut ws) = (model.kv_cache(1, 16), model.workspace(16, 8));
+        let chunk = SeqChunk {
+            tokens: &tokens,
+            start_pos: 0,
+            block_table: &[0],
+            logits: LogitsWanted::All,
+        };
+        let all = model.forward(&[chunk], &mut kv, &mut ws).unwrap();
+        let rows = all[(tokens.len() - 2) * vocab..].to_vec();
+        // The top-4 distribution of the first row.
+        let top = top_logprobs(&rows[..vocab], 4);
+        let z: f64 = top.iter().map(|t| (t.1 as f64).exp()).sum();
+        let p: Vec<f64> = top.iter().map(|t| (t.1 as f64).exp() / z).collect();
+        assert_eq!(top[0].0, draft);
+        let mut out = SchedulerOutput::new();
+        let blocks = [BlockId(0)];
+        out.push_chunk(
+            RequestId(1),
+            &PROMPT,
+            &[draft],
+            0,
+            &blocks,
+            LogitsWanted::All,
+            true,
+            true,
+            0,
+        );
+        let c = &out.chunks[0];
+        let n = 2000;
+        let (mut counts, mut accepted) = (vec![0usize; 4], 0);
+        let mut banned = Vec::new();
+        for seed in 0..n as u64 {
+            let sampling = SamplingParams {
+                temperature: 1.0,
+                top_k: 4,
+                seed: Some(seed),
+                ..SamplingParams::default()
+            };
+            let mut req = RunnerRequest {
+                prompt: PROMPT.as_slice().into(),
+                params: RequestParams::default(),
+                sampler: Sampler::new(sampling),
+                constraint: None,
+            };
+            let mut result = StepResult::default();
+            let mut r = rows.clone();
+            verify(
+                &mut req,
+                c,
+                &[draft],
+                &mut r,
+                vocab,
+                &mut banned,
+                &mut result,
+            );
+            let first = result.sampled[0].1.token;
+            let i = top
+                .iter()
+                .position(|t| t.0 == first)
+                .expect("a top-4 token");
+            counts[i] += 1;
+            let took = first == draft;
+            accepted += usize::from(took);
+            assert_eq!(result.sampled.len(), if took { 2 } else { 1 });
+        }
+        let chi2: f64 = counts
+            .iter()
+            .zip(&p)
+            .map(|(&o, &q)| (o as f64 - n as f64 * q).powi(2) / (n as f64 * q))
+            .sum();
+        // 3 degrees of freedom: P(χ² > 16.27) = 0.001.
+        assert!(chi2 < 16.27, "χ² {chi2:.2}: counts {counts:?} vs p {p:?}");
+        let (rate, sd) = (
+            accepted as f64 / n as f64,
+            (p[0] * (1.0 - p[0]) / n as f64).sqrt(),
+        );
+        assert!(
+            (rate - p[0]).abs() < 4.0 * sd,
+            "accepted {rate:.3}, p(draft) {:.3}",
+            p[0]
+        );
+    }
+
     #[test]
     fn a_chunk_of_a_request_never_announced_is_an_error() {
         let mut r = runner();
