@@ -116,6 +116,8 @@ pub struct Scheduler {
     /// Static batching: (members, longest prompt) of the batch now running.
     static_batch: Option<(usize, usize)>,
     spec_stats: SpecDecodeStats,
+    /// The draft threshold of the step being planned (see `spec::adaptive`).
+    draft_threshold: f64,
 }
 
 impl Scheduler {
@@ -139,6 +141,7 @@ impl Scheduler {
             step_model: StepTimeModel::default(),
             static_batch: None,
             spec_stats: SpecDecodeStats::default(),
+            draft_threshold: 1.0,
         })
     }
 
@@ -256,6 +259,7 @@ impl Scheduler {
         match self.config.batching {
             Batching::Continuous => {
                 let mut budget = self.step_budget(true);
+                self.draft_threshold = budget.draft_threshold;
                 let preempted = self.schedule_running(&mut budget, out);
                 // No preemption follows: the running chunks will be computed this step.
                 self.cache_planned();
@@ -405,6 +409,24 @@ impl Scheduler {
             req.drafts.truncate(keep);
         }
         req.drafts.len()
+    }
+
+    /// Whether a draft model should propose for `req` after this step: not for a constrained
+    /// request, nor, adaptively, where this step's threshold says nothing it proposed would
+    /// be verified (a full batch) — the draft's guesses cost forward passes.
+    fn wants_proposal(&self, req: &Request) -> bool {
+        let Some(spec) = self.config.speculative else {
+            return false;
+        };
+        let k = spec.num_speculative_tokens;
+        spec.method == SpecMethod::DraftModel
+            && req.params.constraint.is_none()
+            && (!spec.adaptive
+                || req.draft_record.worth_proposing(
+                    k,
+                    self.global_acceptance(),
+                    self.draft_threshold,
+                ))
     }
 
     /// A draft model's proposal for running request `id`, for its next step (ignored if the
@@ -846,6 +868,9 @@ impl Scheduler {
                 is_decode(req, req.num_uncomputed_tokens()) && end - start == 1,
                 req.num_output_tokens(),
             );
+            if sample && let Some(c) = out.chunks.last_mut() {
+                c.propose = self.wants_proposal(req);
+            }
         }
         out.predicted = self.step_model.predict(&out.features);
     }

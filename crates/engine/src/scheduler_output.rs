@@ -56,6 +56,8 @@ pub struct ScheduledChunk {
     /// Speculative decoding: the chunk's last `num_draft_tokens` tokens are drafts to verify
     /// (its logits are `All`; row `i` samples the token after token `i`).
     pub num_draft_tokens: usize,
+    /// A draft model should propose for this request after the step (set by the scheduler).
+    pub propose: bool,
     /// Output tokens the request had when this step was planned (`min_tokens` counts them).
     pub num_output_tokens: usize,
     token_offset: usize,
@@ -178,6 +180,7 @@ impl SchedulerOutput {
             sample,
             is_decode,
             num_draft_tokens: drafts.len(),
+            propose: false,
             num_output_tokens,
             token_offset: self.token_ids.len(),
             block_offset: self.block_ids.len(),

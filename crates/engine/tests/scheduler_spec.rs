@@ -157,7 +157,8 @@ fn draft_model_proposals_are_verified_with_lookahead_slots_and_change_no_output(
         s.num_accepted_tokens > 0 && s.num_accepted_tokens < s.num_draft_tokens,
         "{s:?}"
     );
-    // Every sampling chunk got the proposer its 4 lookahead slots past the chunk.
+    // Every sampling chunk got the proposer its 4 lookahead slots past the chunk, and asks
+    // for a proposal.
     for o in &d.log {
         for c in o.chunks.iter().filter(|c| c.sample) {
             let covered = o.block_table(c).len() * 4;
@@ -165,8 +166,23 @@ fn draft_model_proposals_are_verified_with_lookahead_slots_and_change_no_output(
                 covered >= c.start_pos + c.num_tokens + 4,
                 "{c:?}: {covered}"
             );
+            assert!(c.propose);
         }
     }
+    // Adaptive, in a full batch (the prior step-time model: a row must be accepted 16 times
+    // in 18), the draft model is not asked to guess at all.
+    let mut full = driver(cfg(256, SpeculativeConfig::draft_model(4)));
+    for i in 0..8 {
+        full.submit(i, periodic_prompt(i, 14), params_exact(20));
+    }
+    run_with_fake_draft(&mut full, 4, 500);
+    full.check_against_reference();
+    let decodes = full
+        .log
+        .iter()
+        .flat_map(|o| &o.chunks)
+        .filter(|c| c.is_decode);
+    assert_eq!(decodes.filter(|c| c.propose).count(), 0);
     // A stale proposal (the request moved on without one) is not used.
     let mut d = driver(cfg(160, every));
     d.submit(1, periodic_prompt(1, 12), params_exact(10));

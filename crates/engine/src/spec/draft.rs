@@ -13,6 +13,10 @@
 //! ([`SpeculativeConfig::lookahead`](super::SpeculativeConfig::lookahead)). A guess the target
 //! rejects is overwritten when the draft ingests the right token there.
 //!
+//! It guesses only for the requests the scheduler marks (`ScheduledChunk::propose`): not
+//! where nothing would be verified (a full batch, a constrained request) — but it always
+//! ingests, so its KV stays whole for later.
+//!
 //! The proposal is a point mass (argmax), so verification by sample-and-compare keeps the
 //! target's distribution exactly (see `spec`).
 
@@ -153,7 +157,7 @@ impl DraftModel {
             let next_pos = c.start_pos + known + accepted;
             let covered = out.block_table(c).len() * self.block_size;
             let room = covered.min(self.max_model_len).saturating_sub(next_pos);
-            let wants = !new.is_empty() && room > 0;
+            let wants = c.propose && !new.is_empty() && room > 0;
             if wants {
                 self.tokens.push(*new.last().unwrap());
                 firsts.push(Drafting {
