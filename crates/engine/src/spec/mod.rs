@@ -66,8 +66,8 @@ pub struct SpeculativeConfig {
 }
 
 impl SpeculativeConfig {
-    /// Prompt lookup with vLLM's defaults for the n-gram sizes (`prompt_lookup_min` 1 ... here
-    /// 2, so a single repeated token is no evidence) and adaptive draft counts.
+    /// Prompt lookup matching 4 down to 2 tokens (one repeated token is too weak a match),
+    /// with adaptive draft counts.
     pub fn ngram(num_speculative_tokens: usize) -> SpeculativeConfig {
         SpeculativeConfig {
             method: SpecMethod::Ngram {
