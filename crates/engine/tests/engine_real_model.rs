@@ -3,31 +3,11 @@
 
 mod real_model;
 
-use real_model::{engine, params};
-use serde_json::Value;
+use real_model::{engine, fixture_prompts, params, small_config};
 use tokenmill_engine::{
     EngineHandle, FinishReason, RequestParams, RequestStream, SamplingParams, SchedulerConfig,
     StreamEvent,
 };
-
-/// Prompts of the HF greedy fixture (varied lengths: 5 to ~40 tokens).
-fn prompts() -> Vec<Vec<u32>> {
-    let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    v["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            c["prompt_ids"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|x| x.as_u64().unwrap() as u32)
-                .collect()
-        })
-        .collect()
-}
 
 /// Collects a stream's tokens; checks it ends with `Length`.
 fn collect(mut s: RequestStream) -> (Vec<u32>, usize) {
@@ -58,19 +38,9 @@ fn run_all(h: &EngineHandle, prompts: &[Vec<u32>], p: &RequestParams) -> Vec<Vec
     streams.into_iter().map(|s| collect(s).0).collect()
 }
 
-fn small_config() -> SchedulerConfig {
-    SchedulerConfig {
-        num_blocks: 256,
-        max_num_seqs: 16,
-        max_num_batched_tokens: 512,
-        max_model_len: 2048,
-        ..SchedulerConfig::default()
-    }
-}
-
 #[test]
 fn greedy_output_is_the_same_alone_batched_chunked_and_preempted() {
-    let prompts: Vec<Vec<u32>> = prompts().into_iter().cycle().take(16).collect();
+    let prompts: Vec<Vec<u32>> = fixture_prompts().into_iter().cycle().take(16).collect();
     let p = params(24, SamplingParams::greedy());
     // Alone: one request at a time.
     let h = engine(small_config());
@@ -128,7 +98,7 @@ fn greedy_output_is_the_same_alone_batched_chunked_and_preempted() {
 /// generates what it generates alone.
 #[test]
 fn static_batching_pads_do_not_change_any_output() {
-    let prompts: Vec<Vec<u32>> = prompts().into_iter().cycle().take(6).collect();
+    let prompts: Vec<Vec<u32>> = fixture_prompts().into_iter().cycle().take(6).collect();
     let lengths = [3, 24, 9, 17, 1, 30];
     let alone_engine = engine(small_config());
     let alone: Vec<Vec<u32>> = prompts
@@ -160,7 +130,7 @@ fn static_batching_pads_do_not_change_any_output() {
 fn prefix_cache_hit_skips_cached_tokens_and_changes_nothing() {
     let h = engine(small_config());
     // A 70-token prompt: four full blocks of 16 can be cached.
-    let prompt: Vec<u32> = prompts().concat().into_iter().take(70).collect();
+    let prompt: Vec<u32> = fixture_prompts().concat().into_iter().take(70).collect();
     let p = params(16, SamplingParams::greedy());
     let (first, cached_first) = collect(h.submit(prompt.clone(), p.clone()));
     let (second, cached_second) = collect(h.submit(prompt.clone(), p.clone()));
@@ -174,7 +144,7 @@ fn prefix_cache_hit_skips_cached_tokens_and_changes_nothing() {
 fn copies_of_a_prompt_submitted_together_share_its_blocks_and_agree() {
     // Like an `n = 3` request: the copies join the first one's prefill step and read the
     // blocks it writes in that very forward pass.
-    let prompt: Vec<u32> = prompts().concat().into_iter().take(70).collect();
+    let prompt: Vec<u32> = fixture_prompts().concat().into_iter().take(70).collect();
     let p = params(16, SamplingParams::greedy());
     let (alone, _) = collect(engine(small_config()).submit(prompt.clone(), p.clone()));
     let h = engine(small_config());
@@ -192,7 +162,7 @@ fn copies_of_a_prompt_submitted_together_share_its_blocks_and_agree() {
 #[test]
 fn seeded_sampling_is_reproducible_in_any_batch() {
     let h = engine(small_config());
-    let prompts = prompts();
+    let prompts = fixture_prompts();
     let sampling = SamplingParams {
         temperature: 0.9,
         top_p: 0.95,
@@ -223,7 +193,7 @@ fn seeded_sampling_is_reproducible_in_any_batch() {
 fn dropping_a_stream_aborts_and_frees_its_blocks() {
     let h = engine(small_config());
     let p = params(1000, SamplingParams::greedy());
-    let mut s = h.submit(prompts()[0].clone(), p);
+    let mut s = h.submit(fixture_prompts()[0].clone(), p);
     for i in 0..2 {
         let Some(StreamEvent::Token(t)) = s.blocking_next() else {
             panic!("no token")
@@ -236,7 +206,10 @@ fn dropping_a_stream_aborts_and_frees_its_blocks() {
     }
     drop(s);
     // A later request runs to completion; afterwards nothing holds blocks.
-    let (out, _) = collect(h.submit(prompts()[1].clone(), params(4, SamplingParams::greedy())));
+    let (out, _) = collect(h.submit(
+        fixture_prompts()[1].clone(),
+        params(4, SamplingParams::greedy()),
+    ));
     assert_eq!(out.len(), 4);
     let stats = h.stats().scheduler;
     assert_eq!(stats.num_running + stats.num_waiting, 0, "{stats:?}");

@@ -6,27 +6,12 @@
 
 mod real_model;
 
-use real_model::{engine, params};
-use serde_json::Value;
+use real_model::{engine, fixture_prompts, params, small_config};
 use tokenmill_engine::{
     EngineConfig, EngineError, EngineHandle, KvCacheMemory, KvDtype, ModelRunner, RequestParams,
     RequestStream, SamplingParams, SchedulerConfig, SpeculativeConfig, StreamEvent, launch, start,
 };
 use tokenmill_model::Model;
-
-fn fixture_prompts() -> Vec<Vec<u32>> {
-    let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let ids = |c: &Value| {
-        c["prompt_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect()
-    };
-    v["cases"].as_array().unwrap().iter().map(ids).collect()
-}
 
 /// The fixture prompts, and each repeated twice and a half: the model continues copying,
 /// which is what prompt lookup predicts.
@@ -42,12 +27,8 @@ fn prompts() -> Vec<Vec<u32>> {
 
 fn config(speculative: Option<SpeculativeConfig>) -> SchedulerConfig {
     SchedulerConfig {
-        num_blocks: 256,
-        max_num_seqs: 16,
-        max_num_batched_tokens: 512,
-        max_model_len: 2048,
         speculative,
-        ..SchedulerConfig::default()
+        ..small_config()
     }
 }
 

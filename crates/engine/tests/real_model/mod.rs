@@ -1,8 +1,9 @@
-//! Shared by the engine tests that run the real default model: an engine over it and the
-//! request parameters they use.
+//! Shared by the engine tests that run the real default model: an engine over it, the
+//! scheduler settings and request parameters they use, and the HF fixture's prompts.
 
 #![allow(dead_code)]
 
+use serde_json::Value;
 use tokenmill_engine::{
     EngineHandle, ModelRunner, RequestParams, SamplingParams, SchedulerConfig, start,
 };
@@ -25,4 +26,30 @@ pub fn params(max_tokens: usize, sampling: SamplingParams) -> RequestParams {
         sampling,
         ..RequestParams::default()
     }
+}
+
+/// Room for 16 sequences of up to 2048 tokens in 256 blocks.
+pub fn small_config() -> SchedulerConfig {
+    SchedulerConfig {
+        num_blocks: 256,
+        max_num_seqs: 16,
+        max_num_batched_tokens: 512,
+        max_model_len: 2048,
+        ..SchedulerConfig::default()
+    }
+}
+
+/// Prompts of the HF greedy fixture (varied lengths: 5 to ~40 tokens).
+pub fn fixture_prompts() -> Vec<Vec<u32>> {
+    let path = tokenmill_testutil::fixtures_dir("smollm2").join("greedy.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let ids = |c: &Value| {
+        c["prompt_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    v["cases"].as_array().unwrap().iter().map(ids).collect()
 }
