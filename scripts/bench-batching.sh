@@ -11,11 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 tpot="${2:-35}"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 model_args=()
 [ -n "${MODEL:-}" ] && model_args=(--model "$MODEL")
 common=(--num-prompts "${NUM_PROMPTS:-64}" --concurrency "${CONCURRENCY:-16}"

@@ -21,11 +21,7 @@ model="${MODEL:-$(scripts/fetch-model.sh)}"
 peer_bin="$(bash "${PEER_SCRIPT:-scripts/llama-cpp-peer.sh}" | tail -n 1)"
 port_a="${PORT_A:-18431}"
 port_b="${PORT_B:-18432}"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 mkdir -p "$results"
 
 pids=()

@@ -15,11 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 spec="${SPEC:-{\"method\": \"ngram\", \"num_speculative_tokens\": 5\}}"
 port="${PORT:-8411}"

@@ -12,11 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 port="${PORT:-8397}"
 base="http://127.0.0.1:$port"

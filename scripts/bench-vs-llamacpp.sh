@@ -11,11 +11,7 @@ rounds="${1:-5}"
 threads="${2:-$(nproc)}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 peer_bin="$(bash "${PEER_SCRIPT:-scripts/llama-cpp-peer.sh}")"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 out="$(mktemp -d)"
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2

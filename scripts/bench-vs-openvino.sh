@@ -18,11 +18,7 @@ threads="${2:-$(nproc)}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 peers="${PEERS:-../shared/peers}"
 py="$(bash "$peers/openvino-genai.sh")"
-tm="${TOKENMILL_BIN:-}"
-if [ -z "$tm" ]; then
-  cargo build --release -q -p tokenmill
-  tm=target/release/tokenmill
-fi
+tm="$(scripts/tokenmill-bin.sh)"
 out="$(mktemp -d)"
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
