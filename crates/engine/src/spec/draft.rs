@@ -81,10 +81,6 @@ impl DraftModel {
         })
     }
 
-    pub fn model(&self) -> &Model {
-        &self.model
-    }
-
     /// Ingests what the target verified in the step `out` described (`sampled`: its tokens,
     /// in chunk order) and proposes up to `k` drafts for each request that sampled.
     pub fn propose(
