@@ -1,5 +1,6 @@
 //! The router, its middleware, and serving with a graceful drain.
 //!
+//! Connections (the cap, header and idle timeouts, header limits) are [`crate::conn`]'s.
 //! Layers, outermost first: CORS (only with `allowed_origins`), request log + rejection
 //! counting + the `X-Request-Id` of every response (the client's, or a fresh one), the drain gate (POSTs get 503 once draining), the API key (every route but
 //! `/health`, and `/metrics` unless `api_key_metrics`), the body limit (413). Unknown routes
@@ -14,7 +15,7 @@
 //! moment to flush their last frames, and [`serve`] returns `Ok`. Whatever is still running
 //! then is dropped, which aborts it in the engine.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use tokio::sync::Notify;
 use tower::ServiceExt;
 use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 
+use crate::conn::{self, HttpLimits};
 use crate::error::ApiError;
 use crate::metrics::RejectReason;
 use crate::routes::{chat, completions, generate, info, profile, tokenize};
@@ -206,7 +208,8 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Serves `state` on `listener` until `shutdown` resolves, then drains (module doc).
+/// Serves `state` on `listener` until `shutdown` resolves, then drains (module doc); its
+/// connections under `state.config.http`.
 pub async fn serve(
     listener: TcpListener,
     state: SharedState,
@@ -217,8 +220,9 @@ pub async fn serve(
     // the first connections).
     let slot: Slot = Arc::default();
     let _ = slot.set((state.clone(), router(state.clone())));
+    let limits = state.config.http.clone();
     let ready = async move { Ok::<_, std::convert::Infallible>(state) };
-    serve_with_slot(listener, slot, ready, shutdown).await
+    serve_with_slot(listener, limits, slot, ready, shutdown).await
 }
 
 /// The state and its router once loaded (empty while loading).
@@ -226,18 +230,21 @@ type Slot = Arc<OnceLock<(SharedState, Router)>>;
 
 /// Like [`serve`], but the state arrives when `ready` resolves (the model loads meanwhile):
 /// until then every route, `/health` included, answers 503. A failed `ready` ends the
-/// server with its error; a `shutdown` while loading ends it at once.
+/// server with its error; a `shutdown` while loading ends it at once. Connections are
+/// accepted before the state exists, so their `limits` come separately.
 pub async fn serve_when_ready<E: std::fmt::Display + 'static>(
     listener: TcpListener,
+    limits: HttpLimits,
     ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with_slot(listener, Slot::default(), ready, shutdown).await
+    serve_with_slot(listener, limits, Slot::default(), ready, shutdown).await
 }
 
 /// [`serve_when_ready`] with the slot the state goes into (already filled by [`serve`]).
 async fn serve_with_slot<E: std::fmt::Display + 'static>(
     listener: TcpListener,
+    limits: HttpLimits,
     slot: Slot,
     ready: impl Future<Output = Result<SharedState, E>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -246,9 +253,13 @@ async fn serve_with_slot<E: std::fmt::Display + 'static>(
     let drain = Drain::default();
     let address = listener.local_addr().ok();
     let drained = drain.clone().run(slot.clone(), address, ready, shutdown);
-    let server = axum::serve(listener, app)
-        .with_graceful_shutdown(drained)
-        .into_future();
+    let counted = slot.clone();
+    let on_refused = move || {
+        if let Some((state, _)) = counted.get() {
+            state.metrics.reject(RejectReason::MaxConnections);
+        }
+    };
+    let server = conn::serve(listener, app, limits, on_refused, drained);
     tokio::pin!(server);
     let failure = |r: std::io::Result<()>| match lock(&drain.failed).take() {
         Some(e) => Err(std::io::Error::other(e)),

@@ -112,6 +112,29 @@ impl ApiError {
         e
     }
 
+    /// 503: the server holds as many connections as it may (`--max-connections`).
+    pub fn too_many_connections(max: usize) -> ApiError {
+        let mut e = ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            format!("the server has its maximum of {max} open connections; retry later"),
+        );
+        e.retry_after = Some(1);
+        e
+    }
+
+    /// 408: the request body did not arrive within `--http-body-timeout`.
+    pub fn body_timeout(limit: std::time::Duration) -> ApiError {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s",
+                limit.as_secs_f64()
+            ),
+        )
+    }
+
     /// 503: the model is still loading.
     pub fn loading() -> ApiError {
         let mut e = ApiError::new(

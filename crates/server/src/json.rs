@@ -1,8 +1,8 @@
 //! Request bodies: [`JsonBody`] reads a body that must be one JSON object, and [`Fields`]
 //! reads typed, range-checked fields out of it.
 //!
-//! Every failure is a 4xx [`ApiError`]: a body over the limit is 413, invalid UTF-8 and
-//! malformed JSON are 400, a field of the wrong type or out of range is 400 naming the field.
+//! Every failure is a 4xx [`ApiError`]: a body over the limit is 413, one that does not
+//! arrive whole within the body timeout 408, invalid UTF-8 and malformed JSON are 400, a field of the wrong type or out of range is 400 naming the field.
 //! Fields are read by name rather than through `#[derive(Deserialize)]` structs so that each
 //! error can say exactly which parameter is wrong and why, and so that unknown fields are
 //! ignored (as OpenAI's and vLLM's servers do). `null` reads as absent everywhere.
@@ -31,7 +31,11 @@ impl FromRequest<SharedState> for JsonBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &SharedState) -> Result<Self, Self::Rejection> {
-        let bytes = read_limited(req, state.config.max_body_bytes).await?;
+        let http = &state.config.http;
+        let read = read_limited(req, state.config.max_body_bytes);
+        let bytes = tokio::time::timeout(http.body_timeout, read)
+            .await
+            .map_err(|_| ApiError::body_timeout(http.body_timeout))??;
         parse_object(&bytes).map(|m| JsonBody(Fields(m)))
     }
 }

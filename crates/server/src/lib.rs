@@ -11,7 +11,7 @@
 //!      (detokenize, stop strings with holdback, logprobs) ─ JSON or SSE/NDJSON frames
 //! ```
 //!
-//! Modules: [`app`] (router, middleware, drain), [`routes`] (handlers: formatters over
+//! Modules: [`app`] (router, middleware, drain), [`conn`] (accept loop, connection limits), [`routes`] (handlers: formatters over
 //! [`validation`]'s one `validate`), [`json`] (body fields), [`generation`] and [`output`] (running choices), [`admission`],
 //! [`metrics`], [`tokenizer_pool`] and [`grpc`] (tokenization, local or remote), [`launch`]
 //! (model + engine start-up), [`error`] (OpenAI error shape).
@@ -22,6 +22,7 @@
 
 pub mod admission;
 pub mod app;
+pub mod conn;
 pub mod error;
 pub mod generation;
 pub mod grpc;
@@ -37,6 +38,7 @@ pub mod tools;
 pub mod validation;
 
 pub use app::{router, serve, serve_when_ready, shutdown_signal};
+pub use conn::HttpLimits;
 pub use error::ApiError;
 pub use launch::{Loaded, load};
 pub use state::{AppState, ServerConfig, SharedState};

@@ -39,15 +39,18 @@ pub enum RejectReason {
     Draining,
     InvalidRequest,
     Unauthorized,
+    /// A connection over `--max-connections`.
+    MaxConnections,
 }
 
 impl RejectReason {
-    const ALL: [RejectReason; 5] = [
+    const ALL: [RejectReason; 6] = [
         RejectReason::WaitingRequests,
         RejectReason::WaitingTokens,
         RejectReason::Draining,
         RejectReason::InvalidRequest,
         RejectReason::Unauthorized,
+        RejectReason::MaxConnections,
     ];
 
     pub fn label(self) -> &'static str {
@@ -57,6 +60,7 @@ impl RejectReason {
             RejectReason::Draining => "draining",
             RejectReason::InvalidRequest => "invalid_request",
             RejectReason::Unauthorized => "unauthorized",
+            RejectReason::MaxConnections => "max_connections",
         }
     }
 }
@@ -150,7 +154,7 @@ pub struct Metrics {
     generation_tokens: AtomicU64,
     /// Finished requests by reason: stop, length, abort.
     success: [AtomicU64; 3],
-    rejected: [AtomicU64; 5],
+    rejected: [AtomicU64; 6],
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,

@@ -9,6 +9,7 @@ use tokenmill_engine::EngineHandle;
 use tokenmill_structured::GrammarCompiler;
 
 use crate::admission::Admission;
+use crate::conn::HttpLimits;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::tokenizer_pool::TokenizerPool;
@@ -33,6 +34,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Concurrent tokenizer jobs on the blocking pool.
     pub tokenizer_workers: usize,
+    /// What one client may hold: connections, header and body deadlines, header sizes.
+    pub http: HttpLimits,
 }
 
 impl Default for ServerConfig {
@@ -48,6 +51,7 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             max_body_bytes: 16 << 20,
             tokenizer_workers: 2,
+            http: HttpLimits::default(),
         }
     }
 }

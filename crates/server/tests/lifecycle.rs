@@ -339,6 +339,7 @@ async fn health_is_503_while_loading_and_a_failed_load_ends_the_server() {
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let server = tokio::spawn(serve_when_ready(
         listener,
+        tokenmill_server::HttpLimits::default(),
         async move { ready_rx.await.map_err(|e| e.to_string()) },
         async move {
             let _ = stop_rx.await;
@@ -392,6 +393,7 @@ async fn health_is_503_while_loading_and_a_failed_load_ends_the_server() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let r = serve_when_ready(
         listener,
+        tokenmill_server::HttpLimits::default(),
         async { Err::<tokenmill_server::SharedState, _>("no such model") },
         std::future::pending(),
     )

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokenmill_server::grpc::RemoteTokenizer;
 use tokenmill_server::launch;
-use tokenmill_server::{AppState, ServerConfig, TokenizerPool};
+use tokenmill_server::{AppState, HttpLimits, ServerConfig, TokenizerPool};
 
 use crate::engine_args::EngineArgs;
 
@@ -48,6 +48,16 @@ pub struct ServeArgs {
     /// Seconds in-flight requests may take to finish after SIGTERM/SIGINT.
     #[arg(long, default_value_t = 30.0)]
     pub drain_timeout: f64,
+    /// Open HTTP connections at most; one more is answered 503 and closed.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Seconds a client has to send a whole request head, and that a keep-alive connection
+    /// may sit idle (a slow-loris client is closed after it).
+    #[arg(long, default_value_t = 30.0)]
+    pub http_header_timeout: f64,
+    /// Seconds a client has to send a whole request body (beyond, 408).
+    #[arg(long, default_value_t = 60.0)]
+    pub http_body_timeout: f64,
     /// Largest request body in bytes (beyond, 413).
     #[arg(long, default_value_t = 16 << 20)]
     pub max_body_bytes: usize,
@@ -112,6 +122,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if !(args.drain_timeout.is_finite() && args.drain_timeout >= 0.0) {
         bail!("--drain-timeout must be a non-negative number of seconds");
     }
+    let http = http_limits(&args)?;
     crate::init_threads(args.engine.threads);
     let model = crate::model_path::resolve(args.engine.model.clone())?;
     let names = if args.served_model_name.is_empty() {
@@ -134,6 +145,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         drain_timeout: Duration::from_secs_f64(args.drain_timeout),
         max_body_bytes: args.max_body_bytes,
         tokenizer_workers: args.tokenizer_workers,
+        http: http.clone(),
     };
     let rt = runtime()?;
     rt.block_on(async move {
@@ -148,10 +160,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .await
                 .map_err(|e| format!("{e:#}"))
         };
-        tokenmill_server::serve_when_ready(listener, ready, tokenmill_server::shutdown_signal())
-            .await?;
+        let stop = tokenmill_server::shutdown_signal();
+        tokenmill_server::serve_when_ready(listener, http, ready, stop).await?;
         tracing::info!("bye");
         Ok(())
+    })
+}
+
+/// The connection limits of the flags (each timeout a positive number of seconds).
+fn http_limits(args: &ServeArgs) -> anyhow::Result<HttpLimits> {
+    let seconds = |flag: &str, s: f64| {
+        if s.is_finite() && s > 0.0 && s < 1e9 {
+            Ok(Duration::from_secs_f64(s))
+        } else {
+            Err(anyhow::anyhow!(
+                "{flag} must be a positive number of seconds"
+            ))
+        }
+    };
+    if args.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    Ok(HttpLimits {
+        max_connections: args.max_connections,
+        header_timeout: seconds("--http-header-timeout", args.http_header_timeout)?,
+        body_timeout: seconds("--http-body-timeout", args.http_body_timeout)?,
+        ..HttpLimits::default()
     })
 }
 
