@@ -290,6 +290,10 @@ mod tests {
     use crate::ops::{rope, rope_cos_sin};
 
     #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri perturbs every sin/cos call, so two computations of one rotation differ"
+    )]
     fn write_then_read_matches_rope_in_place() {
         let lay = KvLayout {
             block_size: 4,
