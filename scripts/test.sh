@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of tokenmill on a fresh machine: fetches the default model and the test
 # dependencies (the `openai` Python client in .venv-test/, the llama.cpp peer), checks
-# formatting and lints, then runs the whole workspace's tests (golden tests on the real
-# model included). CI (`.ci/run`) calls this.
+# formatting and lints, runs the whole workspace's tests (golden tests on the real model
+# included), then the soak, the fuzz targets and Miri. CI (`.ci/run`) calls this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
@@ -16,3 +16,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # --no-fail-fast: one failing test binary must not hide the state of the others (the
 # command still exits non-zero on any failure).
 cargo test --workspace --locked --no-fail-fast
+# The reliability campaign (issue 21, RELIABILITY.md), on what the tests just built: a minute of
+# mixed traffic under faults against `tokenmill serve`, every fuzz target for a bounded time
+# (nightly + cargo-fuzz, AddressSanitizer), and the readers' and kernels' unsafe paths under Miri.
+TOKENMILL_BIN="$PWD/target/debug/tokenmill" scripts/soak.sh --duration 60
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/fuzz.sh
+scripts/miri.sh quick

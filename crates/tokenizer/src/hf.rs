@@ -37,14 +37,56 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         path: tj_path.clone(),
         source,
     })?;
-    let json: Value = serde_json::from_str(&text).map_err(|source| TokenizerError::Json {
-        path: tj_path.clone(),
-        source,
-    })?;
-    let mut inner = HfTokenizer::from_str(&text)?;
     let config = read_optional_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let gen_config =
         read_optional_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
+    build(&text, &tj_path, &config, &gen_config, || {
+        let path = dir.join("chat_template.jinja");
+        match std::fs::read_to_string(&path) {
+            Ok(s) => Ok(Some(s)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(TokenizerError::Io { path, source }),
+        }
+    })
+}
+
+/// [`from_hf_dir`] on files already in memory: `tokenizer.json` and, when given,
+/// `tokenizer_config.json` (no `generation_config.json`, no `chat_template.jinja`). JSON
+/// errors name the file as `tokenizer.json` / `tokenizer_config.json`.
+pub(crate) fn from_hf_json(
+    tokenizer_json: &str,
+    tokenizer_config: Option<&str>,
+) -> Result<Tokenizer, TokenizerError> {
+    let config = match tokenizer_config {
+        Some(text) => serde_json::from_str(text).map_err(|source| TokenizerError::Json {
+            path: "tokenizer_config.json".into(),
+            source,
+        })?,
+        None => Value::Null,
+    };
+    build(
+        tokenizer_json,
+        Path::new("tokenizer.json"),
+        &config,
+        &Value::Null,
+        || Ok(None),
+    )
+}
+
+/// Builds from `tokenizer.json`'s text and the optional configs; `template_file` reads
+/// `chat_template.jinja` when the config names no template.
+fn build(
+    text: &str,
+    tj_path: &Path,
+    config: &Value,
+    gen_config: &Value,
+    template_file: impl FnOnce() -> Result<Option<String>, TokenizerError>,
+) -> Result<Tokenizer, TokenizerError> {
+    let json: Value = serde_json::from_str(text).map_err(|source| TokenizerError::Json {
+        path: tj_path.to_owned(),
+        source,
+    })?;
+    let mut inner = HfTokenizer::from_str(text)?;
     let mut warnings = Vec::new();
 
     let vocab = inner.get_vocab(true);
@@ -82,9 +124,9 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         ));
     }
 
-    let stop = stop_tokens(&inner, eos, &gen_config, vocab_size);
+    let stop = stop_tokens(&inner, eos, gen_config, vocab_size);
     let decoding = decoding(&inner, &json, &vocab);
-    let chat_template = match template_source(dir, &config)? {
+    let chat_template = match template_source(config, template_file)? {
         Some(src) => {
             let text_of = |id: Option<u32>| id.and_then(|id| inner.id_to_token(id));
             match ChatTemplate::new(&src, text_of(bos), text_of(eos)) {
@@ -171,8 +213,11 @@ fn decoding(
 }
 
 /// The chat template: `tokenizer_config.json`'s (a string, or the `default` of a named list),
-/// else `chat_template.jinja` beside it.
-fn template_source(dir: &Path, config: &Value) -> Result<Option<String>, TokenizerError> {
+/// else `chat_template.jinja` beside it (`template_file`).
+fn template_source(
+    config: &Value,
+    template_file: impl FnOnce() -> Result<Option<String>, TokenizerError>,
+) -> Result<Option<String>, TokenizerError> {
     Ok(match config.get("chat_template") {
         Some(Value::String(s)) => Some(s.clone()),
         Some(Value::Array(list)) => {
@@ -185,14 +230,7 @@ fn template_source(dir: &Path, config: &Value) -> Result<Option<String>, Tokeniz
             };
             named(Some("default")).or_else(|| named(None))
         }
-        _ => {
-            let path = dir.join("chat_template.jinja");
-            match std::fs::read_to_string(&path) {
-                Ok(s) => Some(s),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(source) => return Err(TokenizerError::Io { path, source }),
-            }
-        }
+        _ => template_file()?,
     })
 }
 

@@ -102,6 +102,16 @@ impl Tokenizer {
         hf::from_hf_dir(dir)
     }
 
+    /// [`Tokenizer::from_hf_dir`] on files in memory: the text of `tokenizer.json` and,
+    /// optionally, of `tokenizer_config.json` (for tools and the fuzz targets; no
+    /// `generation_config.json` or `chat_template.jinja`).
+    pub fn from_hf_json(
+        tokenizer_json: &str,
+        tokenizer_config: Option<&str>,
+    ) -> Result<Tokenizer, TokenizerError> {
+        hf::from_hf_json(tokenizer_json, tokenizer_config)
+    }
+
     /// Token ids of `text`. Special tokens written in the text are recognised. With
     /// `add_special_tokens`, BOS/EOS are added as the model's metadata says.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {

@@ -94,3 +94,41 @@ fn hf_folder_with_an_unrecognised_decoder_still_streams() {
     ));
     assert_eq!(hf.token_to_piece(2).as_deref(), Some("<|im_end|>"));
 }
+
+#[test]
+fn from_hf_json_matches_the_folder() {
+    let gguf = common::smollm2();
+    let tj = gguf.hf_tokenizer().to_string(false).unwrap();
+    let template = gguf.chat_template().unwrap().source().to_owned();
+    let config = serde_json::json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "chat_template": template,
+    })
+    .to_string();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("tokenizer.json"), &tj).unwrap();
+    std::fs::write(dir.path().join("tokenizer_config.json"), &config).unwrap();
+    let from_dir = Tokenizer::from_hf_dir(dir.path()).unwrap();
+    let from_json = Tokenizer::from_hf_json(&tj, Some(&config)).unwrap();
+    assert_eq!(from_json.vocab_size(), from_dir.vocab_size());
+    assert_eq!(from_json.stop_token_ids(), from_dir.stop_token_ids());
+    let ids = from_dir.encode("Hello, world!", true).unwrap();
+    assert_eq!(from_json.encode("Hello, world!", true).unwrap(), ids);
+    assert_eq!(
+        from_json.decode(&ids, false).unwrap(),
+        from_dir.decode(&ids, false).unwrap()
+    );
+    assert!(from_json.chat_template().is_some());
+    // Bad JSON names the file it came from.
+    match Tokenizer::from_hf_json("{", None) {
+        Err(TokenizerError::Json { path, .. }) => assert_eq!(path.to_str(), Some("tokenizer.json")),
+        other => panic!("{other:?}"),
+    }
+    match Tokenizer::from_hf_json(&tj, Some("[")) {
+        Err(TokenizerError::Json { path, .. }) => {
+            assert_eq!(path.to_str(), Some("tokenizer_config.json"))
+        }
+        other => panic!("{other:?}"),
+    }
+}
