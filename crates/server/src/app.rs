@@ -1,6 +1,7 @@
 //! The router, its middleware, and serving with a graceful drain.
 //!
 //! Connections (the cap, header and idle timeouts, header limits) are [`crate::conn`]'s.
+//!
 //! Layers, outermost first: CORS (only with `allowed_origins`), request log + rejection
 //! counting + the `X-Request-Id` of every response (the client's, or a fresh one), the drain gate (POSTs get 503 once draining), the API key (every route but
 //! `/health`, and `/metrics` unless `api_key_metrics`), the body limit (413). Unknown routes

@@ -2,7 +2,8 @@
 //! reads typed, range-checked fields out of it.
 //!
 //! Every failure is a 4xx [`ApiError`]: a body over the limit is 413, one that does not
-//! arrive whole within the body timeout 408, invalid UTF-8 and malformed JSON are 400, a field of the wrong type or out of range is 400 naming the field.
+//! arrive whole within the body timeout 408, invalid UTF-8 and malformed JSON are 400, a
+//! field of the wrong type or out of range is 400 naming the field.
 //! Fields are read by name rather than through `#[derive(Deserialize)]` structs so that each
 //! error can say exactly which parameter is wrong and why, and so that unknown fields are
 //! ignored (as OpenAI's and vLLM's servers do). `null` reads as absent everywhere.
