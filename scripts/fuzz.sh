@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the cargo-fuzz targets in fuzz/ (ASan, release) and runs each for FUZZ_SECONDS
 # (default 60) from a scratch corpus initialised from the committed seeds in
-# fuzz/seeds/<target>/ (the seeds themselves are never mutated), under
+# fuzz/seeds/<target>/ and fuzz/regressions/<target>/ (inputs that once crashed it; neither
+# is ever mutated), under
 # -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10. Prints a table of executions,
 # exec/s, coverage (cov/ft), corpus size and peak RSS per target, and the artifact of any
 # crash / leak / timeout / OOM; exits non-zero if any target failed.
@@ -95,6 +96,8 @@ for t in "${targets[@]}"; do
     rm -rf "${work:?}/$t"
     mkdir -p "$corpus" "$artifacts"
     if [ -d "fuzz/seeds/$t" ]; then cp -r "fuzz/seeds/$t/." "$corpus/"; fi
+    # Inputs that once crashed a target (kept fixed by a test in the crate at fault).
+    if [ -d "fuzz/regressions/$t" ]; then cp -r "fuzz/regressions/$t/." "$corpus/"; fi
     args=(-max_total_time="$seconds" -rss_limit_mb=2048 -malloc_limit_mb=2048 -timeout=10
           -max_len="$(max_len "$t")" -print_final_stats=1 -artifact_prefix="$artifacts")
     d="$(dict "$t")"

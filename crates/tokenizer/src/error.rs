@@ -18,6 +18,11 @@ pub enum TokenizerError {
     #[error("unknown pre-tokenizer `{0}`")]
     UnknownPreTokenizer(String),
 
+    /// `tokenizer.json` asks for a decoder setting the `tokenizers` crate cannot run on
+    /// every token (it would panic mid-generation), refused at load.
+    #[error("unsupported decoder in tokenizer.json: {0}")]
+    UnsupportedDecoder(String),
+
     /// A metadata key the tokenizer needs is absent.
     #[error("missing metadata `{0}`")]
     MissingMetadata(&'static str),

@@ -73,6 +73,25 @@ pub(crate) fn from_hf_json(
     )
 }
 
+/// Refuses decoder settings that `tokenizers` (0.22) cannot decode every token with: a
+/// `Strip` decoder with `stop > 0` indexes before the start of a token that is shorter than
+/// `stop` and made only of the stripped character (an empty token, say) — a panic in the
+/// middle of a generation. Real tokenizers strip at the start only (`"start": 1, "stop": 0`).
+fn check_decoder(decoder: &Value) -> Result<(), TokenizerError> {
+    match decoder.get("type").and_then(Value::as_str) {
+        Some("Sequence") => decoder
+            .get("decoders")
+            .and_then(Value::as_array)
+            .map_or(Ok(()), |ds| ds.iter().try_for_each(check_decoder)),
+        Some("Strip") if decoder.get("stop").and_then(Value::as_u64).unwrap_or(0) > 0 => {
+            Err(TokenizerError::UnsupportedDecoder(
+                "a Strip decoder with `stop` > 0 (only stripping at the start is supported)".into(),
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Builds from `tokenizer.json`'s text and the optional configs; `template_file` reads
 /// `chat_template.jinja` when the config names no template.
 fn build(
@@ -86,6 +105,7 @@ fn build(
         path: tj_path.to_owned(),
         source,
     })?;
+    check_decoder(&json["decoder"])?;
     let mut inner = HfTokenizer::from_str(text)?;
     let mut warnings = Vec::new();
 

@@ -132,3 +132,36 @@ fn from_hf_json_matches_the_folder() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Found by the `tokenizer_json` fuzz target: `tokenizers` 0.22's `Strip` decoder with
+/// `stop > 0` subtracts past the start of a token made only of the stripped character (here
+/// the empty text a lone byte-fallback piece leaves) and panics while decoding. Such a file
+/// is refused at load with a typed error; the usual `"stop": 0` loads and decodes.
+#[test]
+fn a_strip_decoder_that_would_panic_is_refused_at_load() {
+    let json = |stop: u32| {
+        serde_json::json!({
+            "version": "1.0",
+            "added_tokens": [{"id": 0, "content": "<unk>", "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": stop}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
+                "byte_fallback": true, "ignore_merges": false,
+                "vocab": {"<unk>": 0, "<0xC3>": 1, "\u{2581}": 2, "a": 3}, "merges": []}
+        })
+        .to_string()
+    };
+    match Tokenizer::from_hf_json(&json(1), None) {
+        Err(TokenizerError::UnsupportedDecoder(m)) => assert!(m.contains("Strip"), "{m}"),
+        other => panic!("{:?}", other.map(|t| t.vocab_size())),
+    }
+    let ok = Tokenizer::from_hf_json(&json(0), None).unwrap();
+    for ids in [&[1u32][..], &[2], &[2, 3], &[3, 1, 2]] {
+        ok.decode(ids, false).unwrap();
+    }
+}
