@@ -21,6 +21,7 @@ use std::path::Path;
 use std::str::FromStr;
 
 use serde_json::Value;
+use tokenizers::DecoderWrapper;
 use tokenizers::Tokenizer as HfTokenizer;
 use tokenizers::processors::PostProcessorWrapper;
 
@@ -77,17 +78,13 @@ pub(crate) fn from_hf_json(
 /// `Strip` decoder with `stop > 0` indexes before the start of a token that is shorter than
 /// `stop` and made only of the stripped character (an empty token, say) — a panic in the
 /// middle of a generation. Real tokenizers strip at the start only (`"start": 1, "stop": 0`).
-fn check_decoder(decoder: &Value) -> Result<(), TokenizerError> {
-    match decoder.get("type").and_then(Value::as_str) {
-        Some("Sequence") => decoder
-            .get("decoders")
-            .and_then(Value::as_array)
-            .map_or(Ok(()), |ds| ds.iter().try_for_each(check_decoder)),
-        Some("Strip") if decoder.get("stop").and_then(Value::as_u64).unwrap_or(0) > 0 => {
-            Err(TokenizerError::UnsupportedDecoder(
-                "a Strip decoder with `stop` > 0 (only stripping at the start is supported)".into(),
-            ))
-        }
+/// Checked on the parsed decoder: its JSON is untagged, so a `Strip` need not say `"type"`.
+fn check_decoder(decoder: &DecoderWrapper) -> Result<(), TokenizerError> {
+    match decoder {
+        DecoderWrapper::Sequence(seq) => seq.get_decoders().iter().try_for_each(check_decoder),
+        DecoderWrapper::Strip(strip) if strip.stop > 0 => Err(TokenizerError::UnsupportedDecoder(
+            "a Strip decoder with `stop` > 0 (only stripping at the start is supported)".into(),
+        )),
         _ => Ok(()),
     }
 }
@@ -105,8 +102,10 @@ fn build(
         path: tj_path.to_owned(),
         source,
     })?;
-    check_decoder(&json["decoder"])?;
     let mut inner = HfTokenizer::from_str(text)?;
+    if let Some(decoder) = inner.get_decoder() {
+        check_decoder(decoder)?;
+    }
     let mut warnings = Vec::new();
 
     let vocab = inner.get_vocab(true);

@@ -139,7 +139,11 @@ fn from_hf_json_matches_the_folder() {
 /// is refused at load with a typed error; the usual `"stop": 0` loads and decodes.
 #[test]
 fn a_strip_decoder_that_would_panic_is_refused_at_load() {
-    let json = |stop: u32| {
+    let json = |stop: u32, tagged: bool| {
+        let mut strip = serde_json::json!({"content": " ", "start": 1, "stop": stop});
+        if tagged {
+            strip["type"] = "Strip".into();
+        }
         serde_json::json!({
             "version": "1.0",
             "added_tokens": [{"id": 0, "content": "<unk>", "single_word": false, "lstrip": false,
@@ -148,7 +152,7 @@ fn a_strip_decoder_that_would_panic_is_refused_at_load() {
             "decoder": {"type": "Sequence", "decoders": [
                 {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
                 {"type": "ByteFallback"}, {"type": "Fuse"},
-                {"type": "Strip", "content": " ", "start": 1, "stop": stop}]},
+                strip]},
             "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
                 "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": true,
                 "byte_fallback": true, "ignore_merges": false,
@@ -156,11 +160,15 @@ fn a_strip_decoder_that_would_panic_is_refused_at_load() {
         })
         .to_string()
     };
-    match Tokenizer::from_hf_json(&json(1), None) {
-        Err(TokenizerError::UnsupportedDecoder(m)) => assert!(m.contains("Strip"), "{m}"),
-        other => panic!("{:?}", other.map(|t| t.vocab_size())),
+    // The decoder JSON is untagged: a Strip without `"type"` is still a Strip (the second
+    // input the fuzzer found).
+    for tagged in [true, false] {
+        match Tokenizer::from_hf_json(&json(1, tagged), None) {
+            Err(TokenizerError::UnsupportedDecoder(m)) => assert!(m.contains("Strip"), "{m}"),
+            other => panic!("{:?}", other.map(|t| t.vocab_size())),
+        }
     }
-    let ok = Tokenizer::from_hf_json(&json(0), None).unwrap();
+    let ok = Tokenizer::from_hf_json(&json(0, true), None).unwrap();
     for ids in [&[1u32][..], &[2], &[2, 3], &[3, 1, 2]] {
         ok.decode(ids, false).unwrap();
     }
