@@ -8,7 +8,7 @@
 //!   within it, and a keep-alive connection may sit idle between requests no longer than it
 //!   (hyper starts the same timer when it waits for the next head), so a slow-loris client
 //!   cannot hold a connection. The body's own deadline is [`HttpLimits::body_timeout`],
-//!   enforced where bodies are read (`json::read_limited`, 408).
+//!   enforced where bodies are read (`json::JsonBody`, 408).
 //! - **Header limits**: at most [`HttpLimits::max_headers`] headers and
 //!   [`HttpLimits::max_header_bytes`] bytes of head, beyond which hyper answers `431`.
 //!
