@@ -2,8 +2,9 @@
 //! Face folder's `tokenizer.json` + `tokenizer_config.json`) on arbitrary bytes returns `Ok`
 //! or a typed `Err`, never panics; a tokenizer it builds encodes and decodes a short text
 //! without panicking, keeps the crate's streaming invariant
-//! (`concat(decoder.push(id)) + flush == decode(ids)`), rejects an id past the vocabulary,
-//! and renders its chat template (if any) to `Ok` or `Err`.
+//! (`concat(decoder.push(id)) + flush == decode(ids)` wherever the decoder is prefix-stable on
+//! those ids — the only case any streaming can be exact, see `detok.rs`), rejects an id past
+//! the vocabulary, and renders its chat template (if any) to `Ok` or `Err`.
 //!
 //! Input: `tokenizer.json` bytes, optionally followed by a NUL byte and the
 //! `tokenizer_config.json` bytes.
@@ -45,7 +46,9 @@ fuzz_target!(|data: &[u8]| {
                 streamed.push_str(&d.push(&tok, id).expect("an id encode produced decodes"));
             }
             streamed.push_str(&d.flush(&tok).expect("flush"));
-            assert_eq!(streamed, text, "streamed text differs from decode({ids:?})");
+            if prefix_stable(&tok, &ids, skip) {
+                assert_eq!(streamed, text, "streamed text differs from decode({ids:?})");
+            }
         }
         for &id in &ids {
             let _ = tok.token_to_piece(id);
@@ -65,3 +68,14 @@ fuzz_target!(|data: &[u8]| {
         let _ = t.render(&[ChatMessage::new("user", "hi")], true);
     }
 });
+
+/// Whether the text of every prefix of `ids` that does not end in U+FFFD (an incomplete
+/// character) is a prefix of the text of every longer prefix.
+fn prefix_stable(tok: &Tokenizer, ids: &[u32], skip: bool) -> bool {
+    let texts: Vec<String> = (0..=ids.len())
+        .map(|k| tok.decode(&ids[..k], skip).unwrap_or_default())
+        .collect();
+    texts.iter().enumerate().all(|(j, t)| {
+        t.ends_with(char::REPLACEMENT_CHARACTER) || texts[j + 1..].iter().all(|l| l.starts_with(t.as_str()))
+    })
+}

@@ -15,17 +15,20 @@
 //! - `concat(push(id)...) + flush() == decode(ids)` exactly (same sink, same bytes); state is
 //!   O(1): at most 3 pending bytes, no history of ids.
 //!
-//! For other `tokenizer.json` decoders the decoder keeps a window of recent ids and emits the
-//! difference between decoding the window with and without the new id once it no longer ends
-//! in U+FFFD (the vLLM/TGI algorithm); the concatenation then equals `decode` for decoders
-//! whose output for a prefix is a prefix of the output, which holds for the common ones.
+//! For other `tokenizer.json` decoders the decoder keeps the request's ids and, on each push,
+//! decodes all of them and emits what extends the text already emitted, once it no longer ends
+//! in U+FFFD. The concatenation then equals `decode` for every decoder whose output for a prefix
+//! of the ids is a prefix of the output (minus a trailing U+FFFD) — which holds for the usual
+//! ones, and also for those whose output depends on the start of the whole text (a `Strip`
+//! after a `Fuse`), where the vLLM/TGI window over recent ids goes wrong. A decoder that is not
+//! prefix-stable (WordPiece's cleanup turns `a '` into `a'b` once `b` arrives) cannot be
+//! streamed exactly by anyone, since emitted text is never retracted: the stream then emits
+//! nothing until the text extends what was emitted again, and may end short of `decode`. The
+//! cost is O(ids) per push — this path is only for decoders no LLM tokenizer we know uses.
 
 use crate::error::TokenizerError;
 use crate::pieces::Utf8Sink;
 use crate::{Decoding, Tokenizer};
-
-/// How many ids before the window's start are kept before being dropped (fallback mode).
-const WINDOW_KEEP: usize = 64;
 
 /// Per-request streaming state. Cheap to create; tied to the tokenizer it came from only by
 /// convention (pass the same [`Tokenizer`] to every call).
@@ -38,10 +41,12 @@ pub struct IncrementalDecoder {
 #[derive(Clone, Debug)]
 enum State {
     Bytes(Utf8Sink),
-    Window {
+    /// The `tokenizers` decoder: every id so far and the text emitted from them.
+    History {
         ids: Vec<u32>,
-        prefix_offset: usize,
-        read_offset: usize,
+        emitted: String,
+        /// Whether the last push left text unemitted.
+        held: bool,
     },
 }
 
@@ -49,10 +54,10 @@ impl IncrementalDecoder {
     pub(crate) fn new(tok: &Tokenizer, skip_special_tokens: bool) -> IncrementalDecoder {
         let state = match &tok.decoding {
             Decoding::Pieces(p) => State::Bytes(Utf8Sink::new(p.strip_leading_spaces)),
-            Decoding::Hf => State::Window {
+            Decoding::Hf => State::History {
                 ids: Vec::new(),
-                prefix_offset: 0,
-                read_offset: 0,
+                emitted: String::new(),
+                held: false,
             },
         };
         IncrementalDecoder {
@@ -77,31 +82,17 @@ impl IncrementalDecoder {
                     sink.push(piece, &mut out);
                 }
             }
-            (
-                State::Window {
-                    ids,
-                    prefix_offset,
-                    read_offset,
-                },
-                _,
-            ) => {
+            (State::History { ids, emitted, held }, _) => {
                 tok.check_id(id)?;
                 ids.push(id);
-                let skip = self.skip_special_tokens;
-                let prefix = tok.decode(&ids[*prefix_offset..*read_offset], skip)?;
-                let full = tok.decode(&ids[*prefix_offset..], skip)?;
-                if full.len() > prefix.len()
-                    && !full.ends_with(char::REPLACEMENT_CHARACTER)
-                    && let Some(new) = full.get(prefix.len()..)
+                let full = tok.decode(ids, self.skip_special_tokens)?;
+                *held = full != *emitted;
+                if !full.ends_with(char::REPLACEMENT_CHARACTER)
+                    && let Some(new) = full.strip_prefix(emitted.as_str())
                 {
                     out.push_str(new);
-                    *prefix_offset = *read_offset;
-                    *read_offset = ids.len();
-                    if *prefix_offset > WINDOW_KEEP {
-                        ids.drain(..*prefix_offset);
-                        *read_offset -= *prefix_offset;
-                        *prefix_offset = 0;
-                    }
+                    emitted.push_str(new);
+                    *held = false;
                 }
             }
             (State::Bytes(_), Decoding::Hf) => {
@@ -119,15 +110,9 @@ impl IncrementalDecoder {
         let mut out = String::new();
         match &mut self.state {
             State::Bytes(sink) => sink.finish(&mut out),
-            State::Window {
-                ids,
-                prefix_offset,
-                read_offset,
-            } => {
-                let skip = self.skip_special_tokens;
-                let prefix = tok.decode(&ids[*prefix_offset..*read_offset], skip)?;
-                let full = tok.decode(&ids[*prefix_offset..], skip)?;
-                if let Some(new) = full.get(prefix.len()..) {
+            State::History { ids, emitted, .. } => {
+                let full = tok.decode(ids, self.skip_special_tokens)?;
+                if let Some(new) = full.strip_prefix(emitted.as_str()) {
                     out.push_str(new);
                 }
             }
@@ -140,9 +125,7 @@ impl IncrementalDecoder {
     pub fn has_pending(&self) -> bool {
         match &self.state {
             State::Bytes(sink) => sink.has_pending(),
-            State::Window {
-                ids, read_offset, ..
-            } => ids.len() > *read_offset,
+            State::History { held, .. } => *held,
         }
     }
 }

@@ -15,7 +15,7 @@
 //! Decoding: the decoders LLM tokenizers use (`ByteLevel`; `Metaspace`; `Sequence` of
 //! `Replace(▁, " ")`, `ByteFallback`, `Fuse`, `Strip(" ", n, 0)`) are turned into a
 //! [`PieceTable`], so decoding and streaming work exactly as for GGUF vocabularies. Any other
-//! decoder falls back to the `tokenizers` decoder and a windowed incremental decoder.
+//! decoder falls back to the `tokenizers` decoder, streamed by re-decoding the ids (`detok.rs`).
 
 use std::path::Path;
 use std::str::FromStr;

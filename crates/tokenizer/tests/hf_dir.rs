@@ -69,7 +69,7 @@ fn hf_folder_round_trip() {
 #[test]
 fn hf_folder_with_an_unrecognised_decoder_still_streams() {
     // A WordPiece-style decoder is not a byte table: decoding goes through `tokenizers` and the
-    // windowed incremental decoder.
+    // incremental decoder that re-decodes the ids.
     let gguf = common::smollm2();
     let mut json: serde_json::Value =
         serde_json::from_str(&gguf.hf_tokenizer().to_string(false).unwrap()).unwrap();
@@ -171,5 +171,40 @@ fn a_strip_decoder_that_would_panic_is_refused_at_load() {
     let ok = Tokenizer::from_hf_json(&json(0, true), None).unwrap();
     for ids in [&[1u32][..], &[2], &[2, 3], &[3, 1, 2]] {
         ok.decode(ids, false).unwrap();
+    }
+}
+
+/// A decoder whose output depends on the start of the whole text (two `Strip`s after a
+/// `Fuse`: up to two leading spaces of the text go) is not a piece table, so it streams by
+/// re-decoding. A window over recent ids (the vLLM/TGI algorithm, used here before) stripped
+/// the spaces at the window's start too and lost a space mid-text (found by the fuzzer).
+#[test]
+fn a_decoder_that_strips_the_texts_start_streams_exactly() {
+    let json = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": [{"id": 1, "content": "<s>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": true, "ignore_merges": false,
+            "vocab": {"<unk>": 0, "<s>": 1, "\u{2581}": 2, "a": 3}, "merges": []}
+    })
+    .to_string();
+    let tok = Tokenizer::from_hf_json(&json, None).unwrap();
+    assert_eq!(tok.decode(&[2, 2, 2, 3], false).unwrap(), " a");
+    for ids in [
+        &[2u32, 1, 2, 2, 3, 2, 1, 2, 2, 3][..],
+        &[2, 2, 2, 3, 2, 2, 2, 3],
+        &[3, 2, 1, 2, 2, 1, 2, 3, 2, 2],
+    ] {
+        for skip in [false, true] {
+            common::check_stream(&tok, ids, skip);
+        }
     }
 }
