@@ -76,6 +76,7 @@ fn prefix_stable(tok: &Tokenizer, ids: &[u32], skip: bool) -> bool {
         .map(|k| tok.decode(&ids[..k], skip).unwrap_or_default())
         .collect();
     texts.iter().enumerate().all(|(j, t)| {
-        t.ends_with(char::REPLACEMENT_CHARACTER) || texts[j + 1..].iter().all(|l| l.starts_with(t.as_str()))
+        t.ends_with(char::REPLACEMENT_CHARACTER)
+            || texts[j + 1..].iter().all(|l| l.starts_with(t.as_str()))
     })
 }
