@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 scripts/fetch-model.sh >/dev/null
 scripts/test-deps.sh >/dev/null   # the official openai client, for the end-to-end tests
 # llama.cpp (built once from PyPI's llama-cpp-python sources into ~/.cache): the quantize tests
-# check that it loads what `tokenmill quantize` writes and agrees with tokenmill.
-LLAMA_CPP_BIN="$(scripts/llama-cpp-peer.sh llama-server llama-quantize)"
+# check that it loads what `tokenmill quantize` writes and agrees with tokenmill; the perplexity
+# test checks `tokenmill perplexity` against llama-perplexity.
+LLAMA_CPP_BIN="$(scripts/llama-cpp-peer.sh llama-server llama-quantize llama-perplexity)"
 export LLAMA_CPP_BIN TOKENMILL_REQUIRE_PEER=1
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

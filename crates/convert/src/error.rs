@@ -34,7 +34,10 @@ pub enum ConvertError {
 
     /// A source tensor is already quantized; re-quantizing loses precision twice (refused
     /// as llama-quantize does without `--allow-requantize`).
-    #[error("tensor {name:?} is already quantized ({ty}); quantize from an F32/F16/BF16 model")]
+    #[error(
+        "tensor {name:?} is already quantized ({ty}); quantize from an F32/F16/BF16 model, or \
+         pass --allow-requantize"
+    )]
     Requantize { name: String, ty: GgmlType },
 
     /// The Hugging Face folder does not load as a model: no or a bad `config.json`, an

@@ -5,7 +5,8 @@
 //! `general.quantization_version = 2` set (replaced in place when present, else appended).
 //! A source tensor that would have to be re-quantized (already Q4_0, Q8_0, ...) is refused
 //! ([`ConvertError::Requantize`]) before anything is written, as llama-quantize does without
-//! `--allow-requantize`.
+//! `--allow-requantize`; with [`QuantizeOptions::allow_requantize`] it is dequantized to f32
+//! and quantized again (its error adds to the source's).
 
 use std::borrow::Cow;
 use std::path::Path;
@@ -18,14 +19,18 @@ use crate::types::{TargetType, choose_type};
 use crate::write::{OutputPlan, Report, TensorReport, write_gguf};
 
 /// The output file's tensor specs, checking that every converted source is a float type.
-pub(crate) fn plan(file: &GgufFile, target: TargetType) -> Result<Vec<TensorSpec>> {
+pub(crate) fn plan(
+    file: &GgufFile,
+    target: TargetType,
+    allow_requantize: bool,
+) -> Result<Vec<TensorSpec>> {
     let tied = file.tensor("output.weight").is_none();
     file.tensors()
         .iter()
         .map(|t| {
             let ty = choose_type(t, target, tied);
             let float_src = matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-            if ty != t.ty && !float_src {
+            if ty != t.ty && !float_src && !allow_requantize {
                 return Err(ConvertError::Requantize {
                     name: t.name.clone(),
                     ty: t.ty,
@@ -70,7 +75,7 @@ pub(crate) fn convert(
         path: input.to_owned(),
         source,
     })?;
-    let specs = plan(&file, options.target)?;
+    let specs = plan(&file, options.target, options.allow_requantize)?;
     let meta = output_metadata(&file, options.target);
     let sources = file.tensors();
     let plan = OutputPlan {
@@ -95,7 +100,7 @@ mod tests {
     fn the_tiny_model_plans_llama_quantize_types() {
         // Hidden 64: Q4_K falls back to Q5_0; output.weight (64 wide) becomes Q8_0.
         let file = GgufFile::open(tiny_llama()).unwrap();
-        let specs = plan(&file, TargetType::Q4K).unwrap();
+        let specs = plan(&file, TargetType::Q4K, false).unwrap();
         let ty = |name: &str| specs.iter().find(|s| s.name == name).unwrap().ty;
         assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q5_0);
         assert_eq!(ty("output.weight"), GgmlType::Q8_0);
@@ -163,5 +168,27 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!out.exists());
+        // --allow-requantize: Q8_0 → F16 keeps the Q8_0 values (to f16 precision).
+        let mut opts = QuantizeOptions::new(TargetType::F16);
+        opts.allow_requantize = true;
+        let f16 = dir.path().join("f16.gguf");
+        let r = convert(&q8, &f16, &opts, &mut |_| {}).unwrap();
+        assert_eq!(r.tensor("token_embd.weight").unwrap().to, GgmlType::F16);
+        let q8_file = GgufFile::open(&q8).unwrap();
+        let f16_file = GgufFile::open(&f16).unwrap();
+        let row = |f: &GgufFile| {
+            let t = f.tensor("blk.0.attn_q.weight").unwrap();
+            let n = t.row_len() as usize;
+            let bytes = f.tensor_data(t);
+            let row_bytes = t.ty.bytes_for(n as u64).unwrap() as usize;
+            let mut v = vec![0f32; n];
+            tokenmill_kernels::quant::dequantize_row(t.ty, &bytes[..row_bytes], &mut v);
+            v
+        };
+        let (a, b) = (row(&q8_file), row(&f16_file));
+        let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= scale * 1e-3, "{x} vs {y}");
+        }
     }
 }

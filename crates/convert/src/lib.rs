@@ -49,6 +49,9 @@ pub struct QuantizeOptions {
     pub target: TargetType,
     /// Threads the rows of a tensor are split over (0 counts as 1).
     pub threads: usize,
+    /// Quantize tensors that are already quantized (dequantized to f32 first), as
+    /// llama-quantize's `--allow-requantize`; refused otherwise.
+    pub allow_requantize: bool,
 }
 
 impl QuantizeOptions {
@@ -57,6 +60,7 @@ impl QuantizeOptions {
         QuantizeOptions {
             target,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            allow_requantize: false,
         }
     }
 }
@@ -93,6 +97,7 @@ mod tests {
         let opts = QuantizeOptions {
             target: TargetType::Q8_0,
             threads: 2,
+            allow_requantize: false,
         };
         // A folder is exported (llama.cpp names, tokenizer metadata written)...
         let mut seen = 0;

@@ -62,3 +62,27 @@ pub fn argmax(row: &[f32]) -> u32 {
         .max_by(|&a, &b| row[a].total_cmp(&row[b]))
         .expect("a non-empty row") as u32
 }
+
+/// Lays out a Hugging Face hub cache under `cache` (as `huggingface_hub` writes one: a blob,
+/// a snapshot entry linking to it, `refs/main`) holding the default model as
+/// `HuggingFaceTB/SmolLM2-135M-Instruct`'s `SmolLM2-135M-Instruct.Q4_1.gguf`. The blob is a
+/// symlink to the fetched model, so nothing is copied.
+pub fn hf_cache_with_default_model(cache: &std::path::Path) {
+    let repo = cache.join("models--HuggingFaceTB--SmolLM2-135M-Instruct");
+    let commit = "5a4f5e2d0b7c1a9e8f3d6b4c2a1e0f9d8c7b6a50";
+    let snapshot = repo.join("snapshots").join(commit);
+    for dir in [repo.join("blobs"), repo.join("refs"), snapshot.clone()] {
+        std::fs::create_dir_all(&dir).unwrap();
+    }
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let blob = repo.join("blobs/2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f10");
+    std::os::unix::fs::symlink(model_path(), &blob).unwrap();
+    std::os::unix::fs::symlink(
+        format!(
+            "../../blobs/{}",
+            blob.file_name().unwrap().to_string_lossy()
+        ),
+        snapshot.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
+    )
+    .unwrap();
+}

@@ -23,8 +23,8 @@ use crate::engine_args::KvDtypeArg;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchModelArgs {
-    /// GGUF model file or Hugging Face folder (default: SmolLM2-135M-Instruct Q4_1, fetched
-    /// if missing).
+    /// GGUF file, Hugging Face folder, or Hugging Face id `ORG/NAME[:QUANT]` from the local
+    /// hub cache (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Prompt lengths to prefill (pp tests).

@@ -41,7 +41,8 @@ impl From<KvDtypeArg> for KvDtype {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct EngineArgs {
-    /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
+    /// GGUF file, Hugging Face folder, or Hugging Face id `ORG/NAME[:QUANT]` from the local
+    /// hub cache (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Sequences running at once.
@@ -205,7 +206,10 @@ impl EngineArgs {
                         .unwrap_or_default()
                         .resolve(model.clone())
                         .map_err(|e| anyhow::anyhow!("--speculative-config: {e}"))?;
-                    (Some(c), m)
+                    (
+                        Some(c),
+                        m.map(crate::model_path::resolve_given).transpose()?,
+                    )
                 }
             };
         Ok(EngineConfig {

@@ -5,8 +5,10 @@ mod bench_engine;
 mod bench_model;
 mod engine_args;
 mod generate;
+mod hf_cache;
 mod inspect;
 mod model_path;
+mod perplexity;
 mod profile;
 mod quantize;
 mod serve;
@@ -32,7 +34,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Print the token ids of TEXT as a JSON array.
     Tokenize {
-        /// GGUF model file (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
+        /// GGUF file, Hugging Face folder, or Hugging Face id `ORG/NAME[:QUANT]` from the local
+        /// hub cache (default: SmolLM2-135M-Instruct Q4_1, fetched if missing).
         #[arg(long)]
         model: Option<PathBuf>,
         /// Do not add the BOS/EOS tokens the model's metadata asks for.
@@ -48,6 +51,9 @@ enum Command {
     BenchEngine(Box<bench_engine::BenchEngineArgs>),
     /// Trace an in-process workload (Chrome/Perfetto JSON); `profile report TRACE` analyses one.
     Profile(Box<profile::ProfileArgs>),
+    /// A model's perplexity on a text file (llama-perplexity's method: second-half scoring of
+    /// --ctx-size chunks; PPL ± its standard error).
+    Perplexity(perplexity::PerplexityArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect { path: PathBuf },
     /// Quantize an F32/F16/BF16 GGUF model or a Hugging Face folder into a GGUF
@@ -77,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         Command::BenchEngine(args) => bench_engine::run(*args),
         Command::Profile(args) => profile::run(*args),
         Command::Inspect { path } => inspect::run(&path),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::TokenizerServer(args) => serve::run_tokenizer_server(args),

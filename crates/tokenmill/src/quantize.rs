@@ -21,6 +21,10 @@ pub struct QuantizeArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Also convert tensors that are already quantized (dequantized first; the errors add
+    /// up), as llama-quantize's flag of the same name.
+    #[arg(long)]
+    pub allow_requantize: bool,
 }
 
 /// `--type`: one of the library's target names (listed in `--help` and in the error for an
@@ -31,6 +35,7 @@ fn target_type_parser() -> impl TypedValueParser<Value = TargetType> {
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<()> {
     let mut options = QuantizeOptions::new(args.ty);
+    options.allow_requantize = args.allow_requantize;
     if let Some(threads) = args.threads {
         options.threads = threads;
     }

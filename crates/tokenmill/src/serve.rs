@@ -125,7 +125,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http = http_limits(&args)?;
     crate::init_threads(args.engine.threads);
     let model = crate::model_path::resolve(args.engine.model.clone())?;
-    let names = if args.served_model_name.is_empty() {
+    let id = args
+        .engine
+        .model
+        .as_deref()
+        .and_then(crate::model_path::hf_id);
+    let names = if let (true, Some(id)) = (args.served_model_name.is_empty(), &id) {
+        // As vLLM: the id the model was asked for by (and the bare repository, as an alias).
+        let arg = args.engine.model.as_deref().unwrap_or(&model);
+        let mut names = vec![arg.display().to_string()];
+        if names[0] != id.repo {
+            names.push(id.repo.clone());
+        }
+        names
+    } else if args.served_model_name.is_empty() {
         let stem = model.file_stem().map_or_else(
             || "tokenmill".to_string(),
             |s| s.to_string_lossy().into_owned(),

@@ -118,6 +118,59 @@ fn inspect_prints_metadata_and_tensors() {
     assert!(text.contains("blk.29.ffn_down.weight"));
 }
 
+/// `--model ORG/NAME[:QUANT]` is found in the local Hugging Face cache (`HF_HUB_CACHE`, or
+/// `HF_HOME/hub`), offline; an id that is not there is a clear error naming where it looked.
+#[test]
+fn a_hugging_face_id_resolves_from_the_local_cache() {
+    let home = tempfile::tempdir().unwrap();
+    tokenmill_testutil::hf_cache_with_default_model(&home.path().join("hub"));
+    let run = |model: &str, env: (&str, &std::path::Path)| {
+        Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+            .args([
+                "generate",
+                "--prompt",
+                "The capital of France is",
+                "--max-tokens",
+                "4",
+            ])
+            .args(["--model", model])
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HUGGINGFACE_HUB_CACHE")
+            .env(env.0, env.1)
+            .output()
+            .unwrap()
+    };
+    let hub = home.path().join("hub");
+    for (model, env) in [
+        (
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            ("HF_HUB_CACHE", hub.as_path()),
+        ),
+        (
+            "HuggingFaceTB/SmolLM2-135M-Instruct:q4_1",
+            ("HF_HOME", home.path()),
+        ),
+    ] {
+        let text = stdout(&run(model, env));
+        assert!(text.starts_with(" Paris."), "{model}: {text:?}");
+    }
+    for (model, needle) in [
+        (
+            "HuggingFaceTB/SmolLM2-360M-Instruct",
+            "not in the Hugging Face cache",
+        ),
+        (
+            "HuggingFaceTB/SmolLM2-135M-Instruct:Q8_0",
+            "no GGUF file tagged Q8_0",
+        ),
+    ] {
+        let out = run(model, ("HF_HUB_CACHE", &hub));
+        assert!(!out.status.success(), "{model}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle) && !err.contains("panicked"), "{err}");
+    }
+}
+
 #[test]
 fn bad_input_fails_cleanly() {
     let out = tokenmill(&["generate", "--prompt", "hi", "--top-p", "0"]);

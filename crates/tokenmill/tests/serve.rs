@@ -26,11 +26,22 @@ fn spawn(args: &[&str]) -> Server {
 /// Starts `tokenmill SUBCOMMAND ARGS` and waits for the log line with `marker` and its
 /// `address=`.
 fn spawn_cmd(subcommand: &str, marker: &'static str, args: &[&str]) -> Server {
+    spawn_env(subcommand, marker, args, &[])
+}
+
+/// [`spawn_cmd`] with extra environment variables.
+fn spawn_env(
+    subcommand: &str,
+    marker: &'static str,
+    args: &[&str],
+    env: &[(&str, &std::path::Path)],
+) -> Server {
     // The binary finds the default model itself; make sure it is there.
     tokenmill_testutil::model_path();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
         .arg(subcommand)
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "info")
         .env_remove("TOKENMILL_API_KEY")
         .stdout(Stdio::null())
@@ -140,6 +151,48 @@ fn serve_without_arguments_listens_on_127_0_0_1_8080() {
         .unwrap();
     let v: Value = rt.block_on(r.json()).unwrap();
     assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// `serve --model ORG/NAME:QUANT` from the local Hugging Face cache serves the model under that
+/// id, as vLLM does, with the bare repository as an alias.
+#[test]
+fn serve_a_hugging_face_id_under_its_name() {
+    let hub = tempfile::tempdir().unwrap();
+    tokenmill_testutil::hf_cache_with_default_model(hub.path());
+    let id = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1";
+    let args = [&["--port", "0", "--model", id], SMALL].concat();
+    let mut s = spawn_env("serve", "serving", &args, &[("HF_HUB_CACHE", hub.path())]);
+    let rt = rt();
+    let c = reqwest::Client::new();
+    let models: Value = rt
+        .block_on(async {
+            c.get(format!("{}/v1/models", s.base))
+                .send()
+                .await?
+                .json()
+                .await
+        })
+        .unwrap();
+    assert_eq!(models["data"][0]["id"], id, "{models}");
+    for model in [id, "HuggingFaceTB/SmolLM2-135M-Instruct"] {
+        let body = json!({"model": model, "prompt": "The capital of France is", "max_tokens": 2,
+            "temperature": 0});
+        let v: Value = rt
+            .block_on(async {
+                let r = c
+                    .post(format!("{}/v1/completions", s.base))
+                    .json(&body)
+                    .send()
+                    .await?;
+                r.json().await
+            })
+            .unwrap();
+        assert_eq!(v["choices"][0]["text"], " Paris.", "{v}");
+        // As vLLM: the response names the primary served name, whichever alias was asked.
+        assert_eq!(v["model"], id, "{v}");
+    }
     s.sigterm();
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
 }

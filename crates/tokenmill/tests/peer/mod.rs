@@ -31,7 +31,7 @@ pub fn peer_bin(name: &str) -> Result<PathBuf, String> {
         Ok(bin)
     } else {
         Err(format!(
-            "{} not found (build it with scripts/llama-cpp-peer.sh llama-server llama-quantize, or set LLAMA_CPP_BIN)",
+            "{} not found (build it with scripts/llama-cpp-peer.sh llama-server llama-quantize llama-perplexity, or set LLAMA_CPP_BIN)",
             bin.display()
         ))
     }
