@@ -46,6 +46,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/models", get(info::models))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
+        .route("/tokenizer_info", get(tokenize::tokenizer_info))
         .route("/generate", post(generate::generate))
         .route("/server_info", get(info::server_info))
         .route("/version", get(info::version))

@@ -312,6 +312,30 @@ async fn tokenize_and_detokenize_match_the_fixture() {
     .await;
     assert_eq!(status, 200, "{r}");
     assert!(r["count"].as_u64().unwrap() > 3);
+
+    // GET /tokenizer_info (what lm-eval's remote tokenizer reads): the special tokens as text,
+    // which /tokenize turns back into their ids, and the chat template.
+    let info: Value = c
+        .get(url("/tokenizer_info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["eos_token"], "<|im_end|>", "{info}");
+    assert_eq!(info["bos_token"], "<|im_start|>", "{info}");
+    assert_eq!(info["model_max_length"], 1024);
+    assert_eq!(info["vocab_size"], 49152);
+    assert!(
+        info["chat_template"]
+            .as_str()
+            .unwrap()
+            .contains("<|im_start|>")
+    );
+    let eos = json!({"prompt": info["eos_token"], "add_special_tokens": false});
+    let (_, r) = post(&c, &url("/tokenize"), &eos).await;
+    assert_eq!(r["tokens"], json!([2]));
 }
 
 #[tokio::test]

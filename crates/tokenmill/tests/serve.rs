@@ -197,6 +197,169 @@ fn serve_a_hugging_face_id_under_its_name() {
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
 }
 
+/// EleutherAI's lm-evaluation-harness (`lm-eval[api]`, installed into `.venv-lmeval` by
+/// `scripts/lm-eval-deps.sh`) against the server on the tasks shipped in `tests/eval/lm_eval`:
+/// `local-completions` for loglikelihood (multiple choice, `echo` + `logprobs`, tokenized
+/// through the server's `/tokenizer_info` + `/tokenize`) and `generate_until`, and
+/// `local-chat-completions` with the chat template. The loglikelihoods lm-eval records are
+/// recomputed here from the model's own logits, so its alignment of our echo logprobs is
+/// checked, not assumed. Offline: the tasks are local JSONL files.
+#[test]
+fn lm_eval_harness_against_the_server() {
+    let root = tokenmill_testutil::workspace_root();
+    let out = Command::new("bash")
+        .arg(root.join("scripts/lm-eval-deps.sh"))
+        .output()
+        .expect("running scripts/lm-eval-deps.sh");
+    assert!(
+        out.status.success(),
+        "scripts/lm-eval-deps.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
+    let work = tempfile::tempdir().unwrap();
+    let run = |model: &str, route: &str, extra: &[&str], tasks: &str| -> Value {
+        let out_dir = work.path().join(model);
+        let mut args = format!(
+            "model=smollm2,base_url={}{route},num_concurrent=2,max_retries=1",
+            s.base
+        );
+        if model == "local-completions" {
+            args.push_str(",tokenizer_backend=remote");
+        }
+        let out = Command::new(&python)
+            .args([
+                "-m",
+                "lm_eval",
+                "run",
+                "--model",
+                model,
+                "--model_args",
+                &args,
+            ])
+            .args([
+                "--tasks",
+                tasks,
+                "--include_path",
+                "tests/eval/lm_eval",
+                "--log_samples",
+            ])
+            .arg("--output_path")
+            .arg(&out_dir)
+            .args(extra)
+            .current_dir(&root)
+            .env("HF_HOME", work.path().join("hf"))
+            .env("HF_DATASETS_OFFLINE", "1")
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .expect("running lm_eval");
+        let log = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "lm_eval {model} failed:\n{log}");
+        println!("{}", String::from_utf8_lossy(&out.stdout));
+        // <output_path>/<model name>/results_*.json and samples_<task>_*.jsonl
+        let dir = std::fs::read_dir(&out_dir)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let mut results = Value::Null;
+        let mut samples = serde_json::Map::new();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&p).unwrap();
+            if name.starts_with("results_") {
+                results = serde_json::from_str(&text).unwrap();
+            } else if let Some(rest) = name.strip_prefix("samples_") {
+                let task = rest.rsplit_once('_').unwrap().0.to_string();
+                let rows: Vec<Value> = text
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                samples.insert(task, Value::Array(rows));
+            }
+        }
+        json!({"results": results["results"], "samples": samples})
+    };
+
+    let base = run(
+        "local-completions",
+        "/v1/completions",
+        &[],
+        "tokenmill_choice,tokenmill_gen",
+    );
+    let metric = |v: &Value, task: &str, key: &str| v["results"][task][key].as_f64().unwrap();
+    // 20 four-way questions (chance 0.25) and 10 one-word completions, greedy: deterministic.
+    let acc = metric(&base, "tokenmill_choice", "acc,none");
+    let em = metric(&base, "tokenmill_gen", "exact_match,first_word");
+    eprintln!("lm-eval: tokenmill_choice acc {acc}, tokenmill_gen exact_match {em}");
+    assert!(acc >= 0.6, "{acc}");
+    assert!(em >= 0.6, "{em}");
+
+    // lm-eval's loglikelihoods equal the model's own: context and continuation tokenized as
+    // lm-eval does (the whole text, split at the context's length), the continuation's
+    // log-softmax summed over the rows before each of its tokens.
+    let tok =
+        tokenmill_tokenizer::Tokenizer::from_gguf_path(tokenmill_testutil::model_path()).unwrap();
+    let model = tokenmill_model::Model::open(&tokenmill_testutil::model_path()).unwrap();
+    let vocab = model.vocab_size();
+    let rows = base["samples"]["tokenmill_choice"].as_array().unwrap();
+    for sample in &rows[..3] {
+        let args = sample["arguments"].as_object().unwrap();
+        for (i, arg) in args.values().enumerate() {
+            let (ctx, cont) = (
+                arg["arg_0"].as_str().unwrap(),
+                arg["arg_1"].as_str().unwrap(),
+            );
+            let whole = tok.encode(&format!("{ctx}{cont}"), false).unwrap();
+            let n_ctx = tok.encode(ctx, false).unwrap().len();
+            let mut kv = model.kv_cache(whole.len().div_ceil(16), 16);
+            let table: Vec<u32> = (0..whole.len().div_ceil(16) as u32).collect();
+            let mut ws = tokenmill_model::Workspace::default();
+            let c = tokenmill_model::SeqChunk {
+                tokens: &whole,
+                start_pos: 0,
+                block_table: &table,
+                logits: tokenmill_model::LogitsWanted::All,
+            };
+            let logits = model.forward(&[c], &mut kv, &mut ws).unwrap();
+            let mut ll = 0f64;
+            for pos in n_ctx..whole.len() {
+                let row = &logits[(pos - 1) * vocab..pos * vocab];
+                let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let sum: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+                ll += row[whole[pos] as usize] as f64 - max - sum.ln();
+            }
+            let theirs: f64 = sample["resps"][i][0][0].as_str().unwrap().parse().unwrap();
+            assert!(
+                (ll - theirs).abs() < 1e-2,
+                "{ctx:?} + {cont:?}: lm-eval recorded {theirs}, the model gives {ll}"
+            );
+        }
+    }
+
+    let chat = run(
+        "local-chat-completions",
+        "/v1/chat/completions",
+        &["--apply_chat_template"],
+        "tokenmill_gen_chat",
+    );
+    let em_chat = metric(&chat, "tokenmill_gen_chat", "exact_match,last_word");
+    eprintln!("lm-eval chat: tokenmill_gen_chat exact_match {em_chat}");
+    let answers = chat["samples"]["tokenmill_gen_chat"].as_array().unwrap();
+    assert_eq!(answers.len(), 10);
+    for a in answers {
+        let text = a["resps"][0][0].as_str().unwrap();
+        assert!(!text.trim().is_empty(), "{a}");
+    }
+    assert!(em_chat >= 0.2, "{em_chat}");
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
 /// Runs `tests/openai_client/<script>` with the official `openai` client (installed by
 /// `scripts/test-deps.sh`) against a fresh server; every test in it must pass.
 fn run_openai_client_script(script: &str) {

@@ -1,4 +1,4 @@
-//! `POST /tokenize` and `POST /detokenize` in vLLM's shapes.
+//! `POST /tokenize`, `POST /detokenize` and `GET /tokenizer_info` in vLLM's shapes.
 //!
 //! `/tokenize` takes `{"prompt", "add_special_tokens" = true}` or a chat
 //! `{"messages", "add_generation_prompt" = true, "add_special_tokens" = false, ...}` and
@@ -54,6 +54,24 @@ pub async fn tokenize(
         "tokens": tokens,
         "token_strs": token_strs,
     })))
+}
+
+/// `GET /tokenizer_info` (vLLM's, behind its `--enable-tokenizer-info-endpoint`): the special
+/// tokens, chat template and length limit. lm-eval's `remote` tokenizer backend reads it (and
+/// then tokenizes through `/tokenize`), so lm-eval needs no copy of the tokenizer.
+pub async fn tokenizer_info(State(state): State<SharedState>) -> Json<Value> {
+    let t = state.pool.tokenizer();
+    let piece = |id: Option<u32>| id.and_then(|id| t.token_to_piece(id));
+    Json(json!({
+        "tokenizer_class": "tokenmill",
+        "bos_token": piece(t.bos_token_id()),
+        "eos_token": piece(t.eos_token_id()),
+        "pad_token": Value::Null,
+        "add_bos_token": t.add_bos_token(),
+        "chat_template": t.chat_template().map(|c| c.source()),
+        "model_max_length": state.max_model_len(),
+        "vocab_size": t.vocab_size(),
+    }))
 }
 
 pub async fn detokenize(
