@@ -35,7 +35,7 @@ use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use crate::conn::{self, HttpLimits};
 use crate::error::ApiError;
 use crate::metrics::RejectReason;
-use crate::routes::{chat, completions, generate, info, profile, tokenize};
+use crate::routes::{chat, completions, generate, info, profile, responses, tokenize};
 use crate::state::SharedState;
 
 /// The full application router.
@@ -44,6 +44,8 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/tokenize", post(tokenize::tokenize))
         .route("/detokenize", post(tokenize::detokenize))
         .route("/tokenizer_info", get(tokenize::tokenizer_info))

@@ -30,6 +30,7 @@ pub mod json;
 pub mod launch;
 pub mod metrics;
 pub mod output;
+pub mod response_store;
 pub mod routes;
 pub mod sse;
 pub mod state;

@@ -72,6 +72,8 @@ pub struct AppState {
     pub profile_dir: Option<std::path::PathBuf>,
     /// Structured outputs' grammar compiler for the served tokenizer, or why there is none.
     pub grammars: Result<Arc<GrammarCompiler>, String>,
+    /// Past `/v1/responses` results, for `previous_response_id` (bounded).
+    pub responses: crate::response_store::ResponseStore,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -105,6 +107,7 @@ impl AppState {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             profile_dir: None,
+            responses: Default::default(),
         }
     }
 

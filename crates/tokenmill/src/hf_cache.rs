@@ -51,10 +51,11 @@ impl ModelId {
                 && s.chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
         };
-        if !(is_name(org) && is_name(name))
-            || !revision.is_none_or(is_tag)
-            || !quant.is_none_or(is_tag)
-        {
+        let valid = is_name(org)
+            && is_name(name)
+            && revision.is_none_or(is_tag)
+            && quant.is_none_or(is_tag);
+        if !valid {
             return None;
         }
         Some(ModelId {

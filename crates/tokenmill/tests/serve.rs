@@ -399,6 +399,11 @@ fn official_openai_python_client() {
 }
 
 #[test]
+fn official_openai_python_client_responses_api() {
+    run_openai_client_script("test_responses.py");
+}
+
+#[test]
 fn official_openai_python_client_structured_outputs_and_tools() {
     run_openai_client_script("test_structured.py");
 }

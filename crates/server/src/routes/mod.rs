@@ -6,4 +6,5 @@ pub mod completions;
 pub mod generate;
 pub mod info;
 pub mod profile;
+pub mod responses;
 pub mod tokenize;
