@@ -35,7 +35,7 @@ use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use crate::conn::{self, HttpLimits};
 use crate::error::ApiError;
 use crate::metrics::RejectReason;
-use crate::routes::{chat, completions, generate, info, profile, responses, tokenize};
+use crate::routes::{chat, completions, dashboard, generate, info, profile, responses, tokenize};
 use crate::state::SharedState;
 
 /// The full application router.
@@ -54,7 +54,9 @@ pub fn router(state: SharedState) -> Router {
         .route("/version", get(info::version))
         .route("/start_profile", post(profile::start_profile))
         .route("/stop_profile", post(profile::stop_profile));
-    let mut open = Router::new().route("/health", get(info::health));
+    let mut open = Router::new()
+        .route("/health", get(info::health))
+        .route("/dashboard", get(dashboard::dashboard));
     if state.config.api_key_metrics {
         protected = protected.route("/metrics", get(info::metrics));
     } else {

@@ -360,6 +360,114 @@ fn lm_eval_harness_against_the_server() {
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
 }
 
+/// `/dashboard` in a real headless Chromium (Debian's, installed by `scripts/browser-deps.sh`)
+/// while a load runs: the page's own samples of `/metrics` show requests running and a
+/// measured step time, and its screenshot has the charts drawn — pixels of the
+/// running-requests line's colour, and the TPOT target as a red dashed line.
+#[test]
+fn dashboard_renders_live_numbers_in_headless_chromium() {
+    let root = tokenmill_testutil::workspace_root();
+    let out = Command::new("bash")
+        .arg(root.join("scripts/browser-deps.sh"))
+        .output()
+        .expect("running scripts/browser-deps.sh");
+    assert!(
+        out.status.success(),
+        "scripts/browser-deps.sh failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let chromium = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let mut s = spawn(&[&["--port", "0", "--target-tpot-ms", "50"], SMALL].concat());
+    let base = s.base.clone();
+    let load = std::thread::spawn(move || {
+        let rt = rt();
+        rt.block_on(async {
+            let c = reqwest::Client::new();
+            let tasks: Vec<_> = (0..32)
+                .map(|i| {
+                    let (c, url) = (c.clone(), format!("{base}/v1/completions"));
+                    tokio::spawn(async move {
+                        let body = json!({"prompt": format!("Story {i}:"), "max_tokens": 128,
+                            "ignore_eos": true});
+                        c.post(url).json(&body).send().await.map(|r| r.status())
+                    })
+                })
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await.unwrap().unwrap(), 200);
+            }
+        });
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let work = tempfile::tempdir().unwrap();
+    let chrome = |name: &str, extra: &[&str]| -> Vec<u8> {
+        let out = Command::new(&chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+            ])
+            .args(["--no-first-run", "--disable-background-networking"])
+            .args(["--disable-component-update", "--disable-sync"])
+            .arg(format!(
+                "--user-data-dir={}",
+                work.path().join(name).display()
+            ))
+            .args(["--window-size=1280,1000", "--virtual-time-budget=5000"])
+            .args(extra)
+            .arg(format!("{}/dashboard", s.base))
+            .output()
+            .expect("running chromium");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    let dom = String::from_utf8(chrome("dom", &["--dump-dom"])).unwrap();
+    let field = |pat: &str| -> String {
+        let start = dom
+            .find(pat)
+            .unwrap_or_else(|| panic!("no {pat} in\n{dom}"))
+            + pat.len();
+        dom[start..].split(['"', '<']).next().unwrap().to_string()
+    };
+    let samples: u32 = field("data-samples=\"").parse().unwrap();
+    assert!(samples >= 3, "{samples} samples");
+    let running: f64 = field("id=\"v-running\">").parse().unwrap();
+    let step: f64 = field("id=\"v-step\">").parse().unwrap();
+    assert!(
+        running >= 1.0 && step > 0.0,
+        "running {running}, step {step} ms"
+    );
+
+    let shot = work.path().join("dashboard.png");
+    chrome("png", &[&format!("--screenshot={}", shot.display())]);
+    let decoder = png::Decoder::new(std::fs::File::open(&shot).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let count = |rgb: [u8; 3]| {
+        buf[..info.buffer_size()]
+            .chunks(channels)
+            .filter(|p| (0..3).all(|k| p[k].abs_diff(rgb[k]) <= 24))
+            .count()
+    };
+    let (green, red) = (count([0x2e, 0x7d, 0x32]), count([0xd3, 0x2f, 0x2f]));
+    let purple = count([0x6a, 0x1b, 0x9a]);
+    // A few seconds of samples draw short lines; the page's own white and grey are far away
+    // from these colours.
+    assert!(green >= 6, "{green} pixels of the running-requests line");
+    assert!(purple >= 6, "{purple} pixels of the batch-size line");
+    assert!(red > 50, "{red} pixels of the TPOT target line");
+    load.join().unwrap();
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
 /// Runs `tests/openai_client/<script>` with the official `openai` client (installed by
 /// `scripts/test-deps.sh`) against a fresh server; every test in it must pass.
 fn run_openai_client_script(script: &str) {

@@ -71,6 +71,8 @@ pub async fn server_info(State(state): State<SharedState>) -> Json<Value> {
         "waiting_tokens": waiting_tokens,
         "remote_tokenizer": state.pool.is_remote(),
         "draining": state.is_draining(),
+        "target_ttft_ms": cfg.sla.ttft.map(|d| d.as_secs_f64() * 1e3),
+        "target_tpot_ms": cfg.sla.tpot.map(|d| d.as_secs_f64() * 1e3),
     }))
 }
 
