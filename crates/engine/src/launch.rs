@@ -150,6 +150,7 @@ impl EngineConfig {
 /// Resolves `config` against `model` and starts the engine thread over it (opening the
 /// draft model first, if speculation uses one).
 pub fn launch(config: &EngineConfig, model: Model) -> Result<Launched, EngineError> {
+    tokenmill_model::trace_pool_workers();
     let (scheduler, warnings) = config.scheduler_config(&model)?;
     let draft_method = matches!(
         config.speculative.map(|s| s.method),

@@ -154,7 +154,7 @@ impl ThreadPool {
                 let shared = Arc::clone(&shared);
                 std::thread::Builder::new()
                     .name(format!("tokenmill-worker-{i}"))
-                    .spawn(move || worker_loop(&shared))
+                    .spawn(move || worker_loop(&shared, i))
                     .expect("spawn a pool worker")
             })
             .collect();
@@ -302,7 +302,25 @@ fn wait_for_job(sh: &Shared, seen: u64) -> u64 {
     }
 }
 
-fn worker_loop(sh: &Shared) {
+/// Sees the jobs pool workers take part in, for tracing: each worker asks `active` (meant to
+/// be one atomic load) when it joins a job, and only then times its share of the job and
+/// passes it to `record` (on the worker's own thread). The time between two recorded shares
+/// is the worker's wait: spinning or parked.
+#[derive(Clone, Copy, Debug)]
+pub struct JobObserver {
+    pub active: fn() -> bool,
+    /// `(worker index, 1-based; when it started on the job; when it finished)`.
+    pub record: fn(usize, Instant, Instant),
+}
+
+static OBSERVER: OnceLock<JobObserver> = OnceLock::new();
+
+/// Installs the process's job observer; `false` if one was installed already.
+pub fn set_job_observer(observer: JobObserver) -> bool {
+    OBSERVER.set(observer).is_ok()
+}
+
+fn worker_loop(sh: &Shared, worker: usize) {
     let mut seen = 0u64;
     loop {
         let epoch = wait_for_job(sh, seen);
@@ -319,8 +337,13 @@ fn worker_loop(sh: &Shared) {
         // SAFETY: the caller keeps its `JobRef` (and the closure behind it) alive until every
         // worker that joined has reported `finished` (module docs).
         let f = unsafe { *job };
+        let observer = OBSERVER.get().filter(|o| (o.active)());
+        let start = observer.map(|_| Instant::now());
         if let Err(p) = catch_unwind(AssertUnwindSafe(|| run_tasks(sh, f, n_tasks))) {
             lock(&sh.panic).get_or_insert(p);
+        }
+        if let (Some(o), Some(start)) = (observer, start) {
+            (o.record)(worker, start, Instant::now());
         }
         sh.finished.0.fetch_add(1, Ordering::Release);
     }

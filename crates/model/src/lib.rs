@@ -27,7 +27,7 @@ pub use kv_cache::{KvCache, LayerKv, LayerKvMut};
 pub use kv_shape::KvShape;
 pub use llama::LlamaModel;
 pub use model::{Model, ModelKv};
-pub use profile::{OpKind, OpProfile};
+pub use profile::{OpKind, OpProfile, trace_pool_workers};
 pub use store::{Linear, RawTensor, TensorRef, WeightStore};
 pub use tokenmill_kernels::attention::KvDtype;
 /// The one persistent thread pool the forward pass runs on (for work beside it, such as

@@ -13,11 +13,28 @@
 //! the layers) has no layer. `Embed` and `LmHead` never carry a layer. The fused norm after a
 //! layer's FFN belongs to that layer (for the last layer it is the final norm).
 //!
+//! The pool workers' share of each op is recorded too, once [`trace_pool_workers`] has run
+//! (the engine's launch calls it): a `pool_job` event (category `"pool"`) on each worker's
+//! own track ("tokenmill-worker-N") for every job it joins, so a timeline shows each thread's
+//! busy strips and the gaps between them.
+//!
 //! New op kinds (e.g. MoE routing and experts) are added to [`OpKind`], `OpKind::ALL` and
 //! `OpKind::name`; the trace and the profiler's report pick them up by name.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
+
+/// Records the compute pool's jobs on the workers' tracks while a trace session runs (see
+/// the module docs). Idempotent; costs a worker one atomic load per job when not tracing.
+pub fn trace_pool_workers() {
+    fn record(_worker: usize, start: Instant, end: Instant) {
+        tokenmill_trace::complete_at("pool_job", "pool", start, end, &[]);
+    }
+    tokenmill_kernels::pool::set_job_observer(tokenmill_kernels::pool::JobObserver {
+        active: tokenmill_trace::enabled,
+        record,
+    });
+}
 
 /// The kinds of work a forward pass does, in data-path order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,9 @@
 //!   `execute_model` (args `tokens`, `logit_rows`, `attn_ctx`, `kv_read`) nest in a step on
 //!   the same track;
 //! - model ops are complete events of category `op`, with a `layer` argument inside layers;
-//! - a request's queue wait is an async `queue` span (`b`/`e`, id = request id).
+//! - a request's queue wait is an async `queue` span (`b`/`e`, id = request id);
+//! - a pool worker's share of a job is a complete `pool_job` event (cat `pool`) on the
+//!   worker's own track.
 //!
 //! An event belongs to the step on its track that contains it (times in µs, with a small
 //! tolerance for rounding). Events outside any step (a trace cut mid-step) are ignored.
@@ -148,6 +150,27 @@ pub struct Analysis {
     pub generated_tokens: usize,
     pub processed_tokens: usize,
     pub shape: Option<ModelShape>,
+    /// The compute pool's workers, by track name.
+    pub workers: Vec<WorkerUse>,
+}
+
+/// How busy one pool worker was while the steps' forward passes ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WorkerUse {
+    pub track: String,
+    /// Jobs it took part in, within the steps.
+    pub jobs: usize,
+    /// Time on those jobs, µs.
+    pub busy_us: f64,
+    /// The forward passes' total time, µs (the time the worker could have been busy).
+    pub forward_us: f64,
+}
+
+impl WorkerUse {
+    /// Busy share of the forward time (0 to 1; the rest it spun or slept between jobs).
+    pub fn utilisation(&self) -> f64 {
+        self.busy_us / self.forward_us.max(1e-9)
+    }
 }
 
 impl Analysis {
@@ -198,6 +221,7 @@ impl Analysis {
             .filter(|c| c.sampled)
             .count();
         let processed_tokens = steps.iter().map(|s| s.batch.tokens as usize).sum();
+        let workers = worker_use(trace, &steps);
         Analysis {
             steps,
             heat,
@@ -208,8 +232,42 @@ impl Analysis {
             generated_tokens,
             processed_tokens,
             shape,
+            workers,
         }
     }
+}
+
+/// Each pool worker's `pool_job` time inside the steps' wall time, against the forward
+/// passes' total.
+fn worker_use(trace: &Trace, steps: &[StepInfo]) -> Vec<WorkerUse> {
+    let (Some(first), Some(last)) = (
+        steps.first(),
+        steps.iter().map(|s| s.ts + s.dur).reduce(f64::max),
+    ) else {
+        return Vec::new();
+    };
+    let forward_us: f64 = steps.iter().map(|s| s.stage_us[2]).sum();
+    let names = trace.thread_names();
+    let mut by_tid: BTreeMap<u64, (usize, f64)> = BTreeMap::new();
+    for e in trace.complete_named("pool_job") {
+        if e.ts + EPS_US >= first.ts && e.ts <= last + EPS_US {
+            let slot = by_tid.entry(e.tid).or_default();
+            slot.0 += 1;
+            slot.1 += e.dur.unwrap_or(0.0);
+        }
+    }
+    by_tid
+        .into_iter()
+        .map(|(tid, (jobs, busy_us))| WorkerUse {
+            track: names
+                .get(&tid)
+                .cloned()
+                .unwrap_or_else(|| format!("tid {tid}")),
+            jobs,
+            busy_us,
+            forward_us,
+        })
+        .collect()
 }
 
 /// `id:start:n:sampled,…` → chunks (malformed entries are skipped).

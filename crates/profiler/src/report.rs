@@ -129,6 +129,7 @@ pub fn render(a: &Analysis, roof: &Roofline, top: usize) -> String {
     );
     render_ops(&mut s, a, roof, top);
     render_gaps(&mut s, a);
+    render_workers(&mut s, a);
     render_critical(&mut s, a);
     let v = Verdict::of(a, roof);
     let _ = writeln!(s, "\n== verdict: {}", v.headline());
@@ -143,6 +144,27 @@ pub fn render(a: &Analysis, roof: &Roofline, top: usize) -> String {
     );
     let _ = writeln!(s, "next step: {}", v.next_step(a));
     s
+}
+
+fn render_workers(s: &mut String, a: &Analysis) {
+    let _ = writeln!(s, "\n== pool workers (busy share of the forward passes)");
+    if a.workers.is_empty() {
+        let _ = writeln!(
+            s,
+            "none traced (one thread, or a trace from before worker tracks)"
+        );
+    }
+    for w in &a.workers {
+        let _ = writeln!(
+            s,
+            "{:<22} {:>5.1}%  {} jobs, {} busy of {} forward",
+            w.track,
+            w.utilisation() * 100.0,
+            w.jobs,
+            ms(w.busy_us),
+            ms(w.forward_us)
+        );
+    }
 }
 
 fn render_ops(s: &mut String, a: &Analysis, roof: &Roofline, top: usize) {

@@ -455,6 +455,7 @@ fn raw(route: &'static str, body: &[u8], status: u16) -> Bad {
 async fn bad_input_matrix_then_a_good_request() {
     const C: &str = "/v1/completions";
     const CHAT: &str = "/v1/chat/completions";
+    const R: &str = "/v1/responses";
     let p = |extra: Value| {
         let mut v = json!({"prompt": "Hi", "max_tokens": 2});
         for (k, x) in extra.as_object().unwrap() {
@@ -744,6 +745,83 @@ async fn bad_input_matrix_then_a_good_request() {
             json!({"prompt": "a", "stream": 1}),
             400,
             Some("stream"),
+        ),
+        // The Responses API: its own parameters, then everything the chat validation checks.
+        bad(R, json!({}), 400, Some("input")),
+        bad(R, json!({"input": 42}), 400, Some("input")),
+        bad(R, json!({"input": [{"content": "hi"}]}), 400, Some("input")),
+        bad(
+            R,
+            json!({"input": [{"role": "wizard", "content": "hi"}]}),
+            400,
+            Some("input"),
+        ),
+        bad(R, json!({"input": [{"role": "user"}]}), 400, Some("input")),
+        bad(
+            R,
+            json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+            400,
+            Some("input"),
+        ),
+        bad(
+            R,
+            json!({"input": [{"type": "function_call_output", "output": "x"}]}),
+            400,
+            Some("input"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "previous_response_id": "resp_nope"}),
+            400,
+            Some("previous_response_id"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "previous_response_id": 7}),
+            400,
+            Some("previous_response_id"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "tools": [{"type": "function", "name": "f"}]}),
+            400,
+            Some("tools"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "text": {"format": {"type": "json_schema"}}}),
+            400,
+            Some("text.format"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "instructions": 5}),
+            400,
+            Some("instructions"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "max_output_tokens": -1}),
+            400,
+            Some("max_output_tokens"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "temperature": "hot"}),
+            400,
+            Some("temperature"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "store": "yes"}),
+            400,
+            Some("store"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "model": "other"}),
+            404,
+            Some("model"),
         ),
         raw("/no/such/route", b"{}", 404),
         raw("/v1/models", b"{}", 405),

@@ -67,6 +67,8 @@ fn profile_writes_a_valid_trace_and_report() {
         "16",
         "--max-num-seqs",
         "4",
+        "--threads",
+        "2",
         "--out",
         trace_arg,
     ]);
@@ -81,6 +83,9 @@ fn profile_writes_a_valid_trace_and_report() {
         .filter_map(|v| v.as_str())
         .collect();
     assert!(tracks.contains(&"tokenmill-engine"), "{tracks:?}");
+    // Two threads: the engine's (the pool's caller) and the pool worker, each its own track.
+    assert!(tracks.contains(&"tokenmill-worker-1"), "{tracks:?}");
+    assert_eq!(tracks.len(), 2, "{tracks:?}");
     assert!(summary["max_depth"].as_u64().unwrap() >= 4);
     assert!(summary["num_counters"].as_u64().unwrap() > 0);
     // One queue span per request.
@@ -114,6 +119,14 @@ fn profile_writes_a_valid_trace_and_report() {
         c.prefill
     );
     assert_eq!(c.decode_steps, 3);
+    // The worker joined the forward passes' jobs, for part of their time.
+    let w = a
+        .workers
+        .iter()
+        .find(|w| w.track == "tokenmill-worker-1")
+        .expect("worker track");
+    assert!(w.jobs > a.steps.len(), "{w:?}");
+    assert!(w.utilisation() > 0.0 && w.utilisation() <= 1.0, "{w:?}");
 
     // The report.
     let out_dir = dir.path().join("report");
@@ -129,6 +142,8 @@ fn profile_writes_a_valid_trace_and_report() {
         "== top ops",
         "qkv_matmul",
         "== gaps",
+        "== pool workers",
+        "tokenmill-worker-1",
         "== critical path",
         "== verdict",
     ] {

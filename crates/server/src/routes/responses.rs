@@ -90,7 +90,9 @@ pub async fn create(
             chat.insert(to.into(), v.clone());
         }
     }
-    let v = validate(&state, &Fields(chat), Api::Chat).await?;
+    let v = validate(&state, &Fields(chat), Api::Chat)
+        .await
+        .map_err(responses_param)?;
     let stream_out = v.stream;
     let head = Head {
         id: response_id("resp").replace('-', "_"),
@@ -144,6 +146,18 @@ pub async fn retrieve(
         .get(&id)
         .map(|s| Json(s.response))
         .ok_or_else(|| ApiError::not_found(format!("Response with id '{id}' not found.")))
+}
+
+/// A chat validation error, named by the Responses API's parameter (`max_output_tokens`,
+/// `input`) rather than the chat one it was mapped to.
+fn responses_param(mut e: ApiError) -> ApiError {
+    e.param = e.param.map(|p| match p.as_str() {
+        "max_tokens" => "max_output_tokens".to_string(),
+        p if p.starts_with("messages") => "input".to_string(),
+        _ => p.to_string(),
+    });
+    e.message = e.message.replace("`max_tokens`", "`max_output_tokens`");
+    e
 }
 
 /// `input` as chat messages.
