@@ -155,6 +155,25 @@ fn serve_without_arguments_listens_on_127_0_0_1_8080() {
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
 }
 
+/// Runs the install script `scripts/NAME` (idempotent) and returns the path it prints: the
+/// Python of its venv, or the browser.
+fn install_deps(name: &str) -> PathBuf {
+    let script = tokenmill_testutil::workspace_root()
+        .join("scripts")
+        .join(name);
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 /// `serve --model ORG/NAME:QUANT` from the local Hugging Face cache serves the model under that
 /// id, as vLLM does, with the bare repository as an alias.
 #[test]
@@ -207,16 +226,7 @@ fn serve_a_hugging_face_id_under_its_name() {
 #[test]
 fn lm_eval_harness_against_the_server() {
     let root = tokenmill_testutil::workspace_root();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/lm-eval-deps.sh"))
-        .output()
-        .expect("running scripts/lm-eval-deps.sh");
-    assert!(
-        out.status.success(),
-        "scripts/lm-eval-deps.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let python = install_deps("lm-eval-deps.sh");
     let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
     let work = tempfile::tempdir().unwrap();
     let run = |model: &str, route: &str, extra: &[&str], tasks: &str| -> Value {
@@ -366,17 +376,7 @@ fn lm_eval_harness_against_the_server() {
 /// running-requests line's colour, and the TPOT target as a red dashed line.
 #[test]
 fn dashboard_renders_live_numbers_in_headless_chromium() {
-    let root = tokenmill_testutil::workspace_root();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/browser-deps.sh"))
-        .output()
-        .expect("running scripts/browser-deps.sh");
-    assert!(
-        out.status.success(),
-        "scripts/browser-deps.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let chromium = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let chromium = install_deps("browser-deps.sh");
     let mut s = spawn(&[&["--port", "0", "--target-tpot-ms", "50"], SMALL].concat());
     let base = s.base.clone();
     let load = std::thread::spawn(move || {
@@ -472,16 +472,7 @@ fn dashboard_renders_live_numbers_in_headless_chromium() {
 /// `scripts/test-deps.sh`) against a fresh server; every test in it must pass.
 fn run_openai_client_script(script: &str) {
     let root = tokenmill_testutil::workspace_root();
-    let out = Command::new("bash")
-        .arg(root.join("scripts/test-deps.sh"))
-        .output()
-        .expect("running scripts/test-deps.sh");
-    assert!(
-        out.status.success(),
-        "scripts/test-deps.sh failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let python = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim().to_string());
+    let python = install_deps("test-deps.sh");
     let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
     let out = Command::new(python)
         .arg(root.join("tests/openai_client").join(script))
