@@ -320,8 +320,7 @@ impl Events {
 
     fn start(&mut self) -> Vec<Bytes> {
         let r = self.head.response("", 0, "in_progress");
-        let item = self.head.message("", "in_progress");
-        let mut item = item;
+        let mut item = self.head.message("", "in_progress");
         item["content"] = json!([]);
         vec![
             self.frame("response.created", json!({"response": r})),
@@ -340,13 +339,14 @@ impl Events {
 
     fn update(&mut self, up: Update) -> Vec<Bytes> {
         if let Some(e) = up.error {
-            let mut err = e.body();
-            if let Some(o) = err.get_mut("error").and_then(Value::as_object_mut) {
-                let mut o = o.clone();
-                o.remove("type");
-                return vec![self.frame("error", Value::Object(o))];
-            }
-            return vec![self.frame("error", json!({"message": "error"}))];
+            // OpenAI's `error` event: the error body's fields, `type` being the event's.
+            let mut err = match e.body().get_mut("error").map(Value::take) {
+                Some(Value::Object(o)) => o,
+                _ => Map::new(),
+            };
+            err.remove("type");
+            err.entry("message").or_insert_with(|| json!("error"));
+            return vec![self.frame("error", Value::Object(err))];
         }
         self.output_tokens += up.token_ids.len();
         let mut out = Vec::new();
