@@ -353,6 +353,37 @@ def make_teacher_forced(model, tok, header: dict) -> None:
     write_fixture(OUT_DIR / "teacher_forced.json", hdr, "cases", cases)
 
 
+EMBEDDING_TEXTS = [
+    ("sentence", "The quick brown fox jumps over the lazy dog."),
+    ("word", "Hello"),
+    ("question", "What is the capital of France? Answer in one word."),
+    ("code", "def add(a, b):\n    return a + b\n\nprint(add(2, 3))"),
+    ("chinese", "\u4eca\u5929\u5929\u6c14\u5f88\u597d\uff0c\u6211\u4eec\u53bb\u516c\u56ed\u6563\u6b65\u5427\u3002"),
+    ("paragraph", TEACHER_FORCED_PASSAGES[0][1]),
+]
+
+
+@torch.no_grad()
+def make_embeddings(model, tok, header: dict) -> None:
+    cases = []
+    for name, text in EMBEDDING_TEXTS:
+        ids = encode(tok, text, True)
+        hidden = model.model(torch.tensor([ids], dtype=torch.long)).last_hidden_state[0].float()
+        pooled = {"mean": hidden.mean(dim=0), "last": hidden[-1]}
+        case = {"name": name, "text": text, "input_ids": ids}
+        for kind, v in pooled.items():
+            v = torch.nn.functional.normalize(v, dim=0)
+            case[kind] = [round(float(x), 6) for x in v]
+        cases.append(case)
+        print(f"  embeddings {name}: {len(ids)} tokens")
+    hdr = dict(header)
+    hdr["note"] = (
+        "One fp32 forward pass over input_ids (add_special_tokens=True); last_hidden_state is after the final "
+        "norm. mean: the mean over every position, last: the last position's; both L2-normalised."
+    )
+    write_fixture(OUT_DIR / "embeddings.json", hdr, "cases", cases)
+
+
 @torch.no_grad()
 def make_greedy(model, tok, header: dict) -> None:
     eos = tok.eos_token_id
@@ -426,7 +457,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="GGUF file (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", nargs="*", choices=["tokenize", "chat", "teacher_forced", "greedy"])
+    ap.add_argument("--only", nargs="*", choices=["tokenize", "chat", "teacher_forced", "greedy", "embeddings"])
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -443,13 +474,13 @@ def main() -> None:
         "versions": versions(),
         "generator": "scripts/golden/make_fixtures.py",
     }
-    only = set(args.only or ["tokenize", "chat", "teacher_forced", "greedy"])
+    only = set(args.only or ["tokenize", "chat", "teacher_forced", "greedy", "embeddings"])
     tok, fallback_pre = load_tokenizer(model_path)
     if "tokenize" in only:
         make_tokenize(tok, fallback_pre, header)
     if "chat" in only:
         make_chat(tok, header)
-    if only & {"teacher_forced", "greedy"}:
+    if only & {"teacher_forced", "greedy", "embeddings"}:
         model = AutoModelForCausalLM.from_pretrained(
             str(model_path.parent), gguf_file=model_path.name, dtype=torch.float32, attn_implementation="eager"
         )
@@ -459,6 +490,8 @@ def main() -> None:
             make_teacher_forced(model, tok, header)
         if "greedy" in only:
             make_greedy(model, tok, header)
+        if "embeddings" in only:
+            make_embeddings(model, tok, header)
     print(f"done in {time.time() - t0:.1f}s")
 
 

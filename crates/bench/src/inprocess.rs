@@ -118,7 +118,7 @@ fn run_one(
     while let Some(ev) = stream.blocking_next() {
         match ev {
             StreamEvent::Token(_) => rec.token_times.push(sent.elapsed()),
-            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => {}
             StreamEvent::Error(e) => rec.error = fail(e.to_string(), ErrorKind::ServerError),
         }
     }

@@ -39,6 +39,8 @@ pub enum StreamEvent {
         logprobs: Vec<PromptLogprob>,
     },
     Token(TokenOutput),
+    /// An embedding request's pooled vector (`RequestParams::pooling`); nothing follows.
+    Embedding(Vec<f32>),
     /// The request was rejected or failed; nothing follows.
     Error(EngineError),
 }
@@ -72,6 +74,7 @@ pub struct EngineHandle {
     next_id: Arc<AtomicU64>,
     stats: Arc<Mutex<EngineStats>>,
     config: Arc<SchedulerConfig>,
+    embedding_dim: usize,
 }
 
 /// The outputs of one request; dropping it aborts the request.
@@ -99,7 +102,7 @@ impl RequestStream {
     /// After the final event there is nothing left to abort.
     fn note_end(&mut self, ev: &Option<StreamEvent>) {
         let done = match ev {
-            None | Some(StreamEvent::Error(_)) => true,
+            None | Some(StreamEvent::Error(_) | StreamEvent::Embedding(_)) => true,
             Some(StreamEvent::Token(t)) => t.finish_reason.is_some(),
             Some(StreamEvent::PromptLogprobs { .. }) => false,
         };
@@ -149,6 +152,11 @@ impl EngineHandle {
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
     }
+
+    /// Length of the vectors embedding requests return (the model's hidden size).
+    pub fn embedding_dim(&self) -> usize {
+        self.embedding_dim
+    }
 }
 
 /// Starts the engine thread. It runs until every handle (and stream) is dropped and no
@@ -168,6 +176,7 @@ pub fn start(
         next_id: Arc::new(AtomicU64::new(0)),
         stats: stats.clone(),
         config: Arc::new(config),
+        embedding_dim: runner.model().hidden_size(),
     };
     let mut engine = EngineLoop {
         scheduler,
@@ -269,6 +278,7 @@ impl EngineLoop {
             prompt_logprobs,
             failed,
             drafts,
+            pooled,
         } = match self.runner.execute(&self.out) {
             Ok(r) => r,
             Err(e) => {
@@ -288,6 +298,7 @@ impl EngineLoop {
         // Stats first, so a client that sees its last token also sees its blocks freed.
         self.publish_stats(executed);
         self.send(prompt_logprobs, outputs);
+        self.send_embeddings(pooled);
         self.fail_requests(failed);
         drop(update);
         if step.is_recording() {
@@ -354,6 +365,16 @@ impl EngineLoop {
                 self.scheduler.abort(req_id);
                 self.senders.remove(&req_id);
             }
+        }
+    }
+
+    /// Each finished embedding request's vector, its last event.
+    fn send_embeddings(&mut self, pooled: Vec<(RequestId, Vec<f32>)>) {
+        for (id, v) in pooled {
+            if let Some(tx) = self.senders.remove(&id) {
+                let _ = tx.send(StreamEvent::Embedding(v));
+            }
+            self.runner.drop_request(id);
         }
     }
 

@@ -14,6 +14,7 @@ use std::time::Instant;
 
 use crate::block_hash::{BlockHash, extend_block_hashes};
 use crate::constraint::Constraint;
+use crate::pooling::Pooling;
 use crate::sampler::SamplingParams;
 use crate::spec::adaptive::DraftRecord;
 
@@ -67,6 +68,10 @@ pub struct RequestParams {
     /// Structured output: only tokens the constraint allows are sampled, and the output
     /// ends when the constraint is complete.
     pub constraint: Option<Constraint>,
+    /// An embedding request: the prompt's final hidden states pooled into one vector
+    /// ([`StreamEvent::Embedding`](crate::StreamEvent::Embedding)) and nothing generated;
+    /// `max_tokens` is then ignored.
+    pub pooling: Option<Pooling>,
 }
 
 impl Default for RequestParams {
@@ -81,6 +86,7 @@ impl Default for RequestParams {
             prompt_logprobs: false,
             sampling: SamplingParams::default(),
             constraint: None,
+            pooling: None,
         }
     }
 }
@@ -179,9 +185,9 @@ impl Request {
     }
 
     /// Largest number of KV slots this request can ever occupy (its last sampled token is
-    /// never fed back).
+    /// never fed back; an embedding request's are its prompt's).
     pub fn max_kv_tokens(&self) -> usize {
-        self.num_prompt_tokens + self.max_tokens - 1
+        self.num_prompt_tokens + self.max_tokens.saturating_sub(1)
     }
 
     /// The request's tokens, and its draft buffer to propose into.

@@ -36,6 +36,7 @@ use tokenmill_model::{KvDtype, LogitsWanted, Model, ModelKv, SeqChunk, Workspace
 
 use crate::constraint::{ConstraintState, TokenMask};
 use crate::error::EngineError;
+use crate::pooling::Pooler;
 use crate::request::{RequestId, RequestParams};
 use crate::sampler::{MAX_LOGPROBS, Sampled, Sampler, top_logprobs};
 use crate::scheduler_config::SchedulerConfig;
@@ -60,6 +61,8 @@ pub struct StepResult {
     pub failed: Vec<(RequestId, EngineError)>,
     /// The draft model's proposals for the next step (speculative decoding with one).
     pub drafts: Vec<(RequestId, Vec<u32>)>,
+    /// Embedding requests whose prompt this step completed: their pooled vectors.
+    pub pooled: Vec<(RequestId, Vec<f32>)>,
 }
 
 /// What the runner keeps of a request between its first step and its end.
@@ -69,6 +72,7 @@ struct RunnerRequest {
     params: RequestParams,
     sampler: Sampler,
     constraint: Option<ConstrainedOutput>,
+    pooler: Option<Pooler>,
 }
 
 /// A request's place in its output constraint and the mask of its next token.
@@ -199,6 +203,7 @@ impl ModelRunner {
             params: r.params.clone(),
             sampler,
             constraint,
+            pooler: r.params.pooling.map(Pooler::new),
         };
         self.requests.insert(r.req_id, state);
     }
@@ -269,11 +274,51 @@ impl ModelRunner {
             }
         }
         drop(sample);
+        pool_hidden(
+            &mut self.requests,
+            out,
+            &chunks,
+            self.ws.hidden(),
+            &mut result,
+        );
         if let Some(draft) = &mut self.draft {
             let _s = tokenmill_trace::scope("draft", "engine");
             result.drafts = draft.propose(out, &result.sampled)?;
         }
         Ok(result)
+    }
+}
+
+/// Folds each embedding request's hidden rows of this step into its pooler, and returns the
+/// vectors of those whose prompt is now complete.
+fn pool_hidden(
+    requests: &mut HashMap<RequestId, RunnerRequest>,
+    out: &SchedulerOutput,
+    chunks: &[SeqChunk<'_>],
+    hidden: &[f32],
+    result: &mut StepResult,
+) {
+    let n_rows: usize = chunks.iter().map(|c| c.n_hidden()).sum();
+    if n_rows == 0 {
+        return;
+    }
+    let h = hidden.len() / n_rows;
+    let mut row = 0;
+    for (c, sc) in out.chunks.iter().zip(chunks) {
+        let n = sc.n_hidden();
+        let rows = &hidden[row * h..(row + n) * h];
+        row += n;
+        let Some(req) = requests.get_mut(&c.req_id) else {
+            continue;
+        };
+        let Some(pooler) = req.pooler.as_mut().filter(|_| n > 0) else {
+            continue;
+        };
+        pooler.add(c.start_pos, rows, h);
+        let len = req.prompt.len();
+        if c.start_pos + c.num_tokens == len {
+            result.pooled.push((c.req_id, pooler.finish(len)));
+        }
     }
 }
 
@@ -589,6 +634,7 @@ mod tests {
                 params: RequestParams::default(),
                 sampler: Sampler::new(sampling),
                 constraint: None,
+                pooler: None,
             };
             let mut result = StepResult::default();
             let mut r = rows.clone();

@@ -60,6 +60,7 @@ use tokenmill_model::LogitsWanted;
 
 use crate::error::EngineError;
 use crate::kv_manager::{CachedPrefix, KvCacheManager, PrefixCacheStats};
+use crate::pooling::Pooling;
 use crate::request::{FinishReason, Request, RequestId, RequestStatus};
 use crate::sampler::Sampled;
 pub use crate::scheduler_config::{Batching, SchedulerConfig, SchedulingPolicy};
@@ -199,11 +200,13 @@ impl Scheduler {
             return Err(EngineError::EmptyPrompt(id));
         }
         let max_tokens = match req.params.max_tokens {
+            _ if req.params.pooling.is_some() => 0,
             Some(0) => return Err(EngineError::ZeroMaxTokens(id)),
             Some(n) => n,
             None => cfg.max_model_len.saturating_sub(prompt_tokens),
         };
-        if max_tokens == 0 || prompt_tokens + max_tokens > cfg.max_model_len {
+        let generates = req.params.pooling.is_none();
+        if (generates && max_tokens == 0) || prompt_tokens + max_tokens > cfg.max_model_len {
             return Err(EngineError::ExceedsMaxModelLen {
                 id,
                 prompt_tokens,
@@ -282,12 +285,14 @@ impl Scheduler {
 
     /// Applies a finished step: `sampled` holds the runner's token (with its logprobs) for
     /// each `sample` chunk (extra or stale entries are ignored). Returns one complete output
-    /// per delivered token, in `sampled` order.
+    /// per delivered token, in `sampled` order. An embedding request whose prompt is now
+    /// computed finishes here (the runner returned its vector).
     pub fn update_from_output(
         &mut self,
         out: &SchedulerOutput,
         sampled: Vec<(RequestId, Sampled)>,
     ) -> Vec<RequestOutput> {
+        let mut any_finished = false;
         for c in &out.chunks {
             let Some(req) = self.requests.get_mut(&c.req_id) else {
                 continue;
@@ -299,6 +304,10 @@ impl Scheduler {
             req.num_computed_tokens += c.num_tokens - c.num_draft_tokens;
             self.kv
                 .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
+            if req.params.pooling.is_some() && req.num_uncomputed_tokens() == 0 {
+                req.status = RequestStatus::Finished(FinishReason::Stop);
+                any_finished = true;
+            }
             if c.num_draft_tokens > 0 {
                 req.draft_record.verified(c.num_draft_tokens);
                 self.spec_stats.num_drafts += 1;
@@ -307,7 +316,6 @@ impl Scheduler {
         }
         let (bs, max_len) = (self.config.block_size, self.config.max_model_len);
         let mut outputs = Vec::with_capacity(sampled.len());
-        let mut any_finished = false;
         let mut previous = None;
         for (id, s) in sampled {
             let follows_draft = previous.replace(id) == Some(id);
@@ -343,12 +351,18 @@ impl Scheduler {
             outputs.push(RequestOutput { req_id: id, output });
         }
         if any_finished {
-            for o in &outputs {
-                if o.output.finish_reason.is_some() {
-                    self.kv.free(o.req_id);
-                    self.requests.remove(&o.req_id);
-                    self.finished.push(o.req_id);
-                }
+            let is_pooled = |r: &Request| {
+                r.params.pooling.is_some()
+                    && r.status == RequestStatus::Finished(FinishReason::Stop)
+            };
+            let pooled = out.chunks.iter().map(|c| c.req_id);
+            let pooled = pooled.filter(|id| self.requests.get(id).is_some_and(is_pooled));
+            let pooled: Vec<RequestId> = pooled.collect();
+            let generated = outputs.iter().filter(|o| o.output.finish_reason.is_some());
+            for id in generated.map(|o| o.req_id).chain(pooled) {
+                self.kv.free(id);
+                self.requests.remove(&id);
+                self.finished.push(id);
             }
             let requests = &self.requests;
             self.running.retain(|id| requests.contains_key(id));
@@ -642,9 +656,10 @@ impl Scheduler {
         }
     }
 
-    /// The longest cached prefix usable by `req` (none for prompt-logprobs requests).
+    /// The longest cached prefix usable by `req` (none for prompt-logprobs requests, nor
+    /// for mean-pooled embeddings: cached tokens have no hidden states to pool).
     fn lookup_prefix(&self, req: &Request) -> CachedPrefix {
-        if req.params.prompt_logprobs {
+        if req.params.prompt_logprobs || req.params.pooling == Some(Pooling::Mean) {
             return CachedPrefix::default();
         }
         self.kv
@@ -846,11 +861,14 @@ impl Scheduler {
             let start = req.num_computed_tokens;
             let end = (start + n).min(req.num_tokens());
             let drafts = &req.drafts[..start + n - end];
-            let sample = end == req.num_tokens();
+            let pooled = req.params.pooling.is_some();
+            let sample = end == req.num_tokens() && !pooled;
             let echo = req.params.prompt_logprobs
                 && start < req.num_prompt_tokens()
                 && req.num_output_tokens() == 0;
-            let logits = if echo || !drafts.is_empty() {
+            let logits = if pooled {
+                LogitsWanted::Hidden
+            } else if echo || !drafts.is_empty() {
                 LogitsWanted::All
             } else if sample {
                 LogitsWanted::Last

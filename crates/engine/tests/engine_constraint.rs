@@ -129,7 +129,7 @@ fn collect(mut s: RequestStream) -> Result<(Vec<u32>, FinishReason), (Vec<u32>, 
                     return Ok((tokens, r));
                 }
             }
-            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => {}
             StreamEvent::Error(e) => return Err((tokens, e)),
         }
     }

@@ -34,7 +34,7 @@ fn collect(mut s: RequestStream) -> Vec<u32> {
     while let Some(ev) = s.blocking_next() {
         match ev {
             StreamEvent::Token(t) => tokens.push(t.token),
-            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => {}
             StreamEvent::Error(e) => panic!("{e}"),
         }
     }

@@ -23,7 +23,7 @@ fn collect(mut s: RequestStream) -> (Vec<u32>, usize) {
                     assert_eq!(r, FinishReason::Length);
                 }
             }
-            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => {}
             StreamEvent::Error(e) => panic!("{e}"),
         }
     }

@@ -49,7 +49,7 @@ fn collect(mut s: RequestStream) -> (Vec<u32>, Vec<f32>) {
                 tokens.push(t.token);
                 logprobs.push(t.logprob);
             }
-            StreamEvent::PromptLogprobs { .. } => {}
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => {}
             StreamEvent::Error(e) => panic!("{e}"),
         }
     }

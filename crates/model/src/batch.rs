@@ -15,6 +15,9 @@ pub enum LogitsWanted {
     Last,
     /// Every token's (prompt logprobs, teacher forcing).
     All,
+    /// No logits: every token's final hidden state (after the final norm), in
+    /// [`Workspace::hidden`](crate::Workspace::hidden) — what embeddings pool.
+    Hidden,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -32,9 +35,17 @@ impl SeqChunk<'_> {
     /// Rows of logits this chunk produces.
     pub fn n_logits(&self) -> usize {
         match self.logits {
-            LogitsWanted::None => 0,
+            LogitsWanted::None | LogitsWanted::Hidden => 0,
             LogitsWanted::Last => 1,
             LogitsWanted::All => self.tokens.len(),
+        }
+    }
+
+    /// Rows of final hidden states this chunk produces.
+    pub fn n_hidden(&self) -> usize {
+        match self.logits {
+            LogitsWanted::Hidden => self.tokens.len(),
+            _ => 0,
         }
     }
 }

@@ -46,7 +46,8 @@ pub(crate) fn embed_batch(
 
 /// Final norm and LM head, only for the rows the chunks ask for: `ws.sel` `[R, hidden]` is
 /// `rms_norm(ws.x[row]) · norm` for each wanted row in chunk order, then `head(sel, logits)`
-/// fills `ws.logits` `[R, vocab]`, which is returned.
+/// fills `ws.logits` `[R, vocab]`, which is returned. `Hidden` chunks get the final norm of
+/// every token in `ws.hidden` instead.
 pub(crate) fn lm_head<'w>(
     chunks: &[SeqChunk<'_>],
     norm: &[f32],
@@ -68,6 +69,17 @@ pub(crate) fn lm_head<'w>(
             r += 1;
         }
         t0 += len;
+    }
+    let n_hidden: usize = chunks.iter().map(|c| c.n_hidden()).sum();
+    let hidden = resize(&mut ws.hidden, n_hidden * h);
+    let (mut r, mut t0) = (0, 0);
+    for c in chunks {
+        for i in t0..t0 + c.n_hidden() {
+            let out = &mut hidden[r * h..(r + 1) * h];
+            rms_norm(&ws.x[i * h..(i + 1) * h], norm, eps, out);
+            r += 1;
+        }
+        t0 += c.tokens.len();
     }
     let logits = resize(&mut ws.logits, n_rows * vocab);
     head(sel, logits);

@@ -64,6 +64,14 @@ impl Model {
         }
     }
 
+    /// Width of the residual stream (what an embedding of this model holds).
+    pub fn hidden_size(&self) -> usize {
+        match self {
+            Model::Llama(m) => m.config().hidden,
+            Model::DeepSeek(m) => m.config().hidden,
+        }
+    }
+
     pub fn context_length(&self) -> usize {
         match self {
             Model::Llama(m) => m.config().context_length,

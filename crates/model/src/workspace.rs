@@ -42,6 +42,8 @@ pub struct Workspace {
     pub(crate) sel: Vec<f32>,
     /// `[R, vocab]`
     pub(crate) logits: Vec<f32>,
+    /// Final hidden rows of `Hidden` chunks `[H, hidden]` (grown by the first such batch).
+    pub(crate) hidden: Vec<f32>,
     /// Per token: (chunk index, position).
     pub(crate) tok_pos: Vec<(usize, usize)>,
     /// Attention's task plan and split-decode partials.
@@ -94,6 +96,15 @@ impl Workspace {
             tok_pos: Vec::with_capacity(t),
             ..Workspace::default()
         }
+    }
+}
+
+impl Workspace {
+    /// The final hidden states (after the final norm) of the last forward pass's
+    /// [`LogitsWanted::Hidden`](crate::LogitsWanted::Hidden) chunks, every token of each in
+    /// chunk order: `[Σ chunk.n_hidden(), hidden]`.
+    pub fn hidden(&self) -> &[f32] {
+        &self.hidden
     }
 }
 

@@ -35,7 +35,9 @@ use tower_http::cors::{AllowOrigin, Any, CorsLayer};
 use crate::conn::{self, HttpLimits};
 use crate::error::ApiError;
 use crate::metrics::RejectReason;
-use crate::routes::{chat, completions, dashboard, generate, info, profile, responses, tokenize};
+use crate::routes::{
+    chat, completions, dashboard, embeddings, generate, info, profile, responses, tokenize,
+};
 use crate::state::SharedState;
 
 /// The full application router.
@@ -44,6 +46,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses", post(responses::create))
         .route("/v1/responses/{id}", get(responses::retrieve))
         .route("/tokenize", post(tokenize::tokenize))

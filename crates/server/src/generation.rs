@@ -171,7 +171,7 @@ struct ChoiceRunner {
 fn is_terminal(ev: &StreamEvent) -> bool {
     match ev {
         StreamEvent::Token(t) => t.finish_reason.is_some(),
-        StreamEvent::Error(_) => true,
+        StreamEvent::Error(_) | StreamEvent::Embedding(_) => true,
         StreamEvent::PromptLogprobs { .. } => false,
     }
 }

@@ -200,6 +200,14 @@ impl Metrics {
         self.queue.observe(queue.as_secs_f64());
     }
 
+    /// An embedding request finished: its prompt tokens and end-to-end latency (no TTFT:
+    /// it has no token).
+    pub fn embedded(&self, prompt_tokens: usize, e2e: Duration) {
+        self.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.finished(Some(FinishReason::Stop), 0, e2e);
+    }
+
     pub fn inter_token(&self, gap: Duration) {
         self.itl.observe(gap.as_secs_f64());
     }

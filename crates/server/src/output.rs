@@ -196,6 +196,10 @@ impl OutputProcessor {
                     self.done = true;
                     up.error = Some(ApiError::from_engine(&e));
                 }
+                StreamEvent::Embedding(_) => {
+                    self.done = true;
+                    up.error = Some(ApiError::internal("an embedding where tokens were due"));
+                }
                 StreamEvent::Token(t) => {
                     self.num_tokens += 1;
                     up.token_ids.push(t.token);

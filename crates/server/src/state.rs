@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tokenmill_engine::EngineHandle;
+use tokenmill_engine::{EngineHandle, Pooling};
 use tokenmill_structured::GrammarCompiler;
 
 use crate::admission::Admission;
@@ -36,6 +36,8 @@ pub struct ServerConfig {
     pub tokenizer_workers: usize,
     /// What one client may hold: connections, header and body deadlines, header sizes.
     pub http: HttpLimits,
+    /// How `/v1/embeddings` pools a prompt's hidden states (`--pooling`).
+    pub pooling: Pooling,
 }
 
 impl Default for ServerConfig {
@@ -52,6 +54,8 @@ impl Default for ServerConfig {
             max_body_bytes: 16 << 20,
             tokenizer_workers: 2,
             http: HttpLimits::default(),
+            // vLLM's default for a causal LM served as an embedding model.
+            pooling: Pooling::Last,
         }
     }
 }

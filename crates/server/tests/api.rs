@@ -456,6 +456,7 @@ async fn bad_input_matrix_then_a_good_request() {
     const C: &str = "/v1/completions";
     const CHAT: &str = "/v1/chat/completions";
     const R: &str = "/v1/responses";
+    const E: &str = "/v1/embeddings";
     let p = |extra: Value| {
         let mut v = json!({"prompt": "Hi", "max_tokens": 2});
         for (k, x) in extra.as_object().unwrap() {
@@ -823,6 +824,66 @@ async fn bad_input_matrix_then_a_good_request() {
             404,
             Some("model"),
         ),
+        bad(E, json!({}), 400, Some("input")),
+        bad(E, json!({"input": ""}), 400, Some("input")),
+        bad(E, json!({"input": []}), 400, Some("input")),
+        bad(E, json!({"input": [[]]}), 400, Some("input")),
+        bad(E, json!({"input": 7}), 400, Some("input")),
+        bad(E, json!({"input": [1, "a"]}), 400, Some("input")),
+        bad(E, json!({"input": ["a", 1]}), 400, Some("input")),
+        bad(E, json!({"input": [-1]}), 400, Some("input")),
+        bad(E, json!({"input": [1u64 << 40]}), 400, Some("input")),
+        bad(E, json!({"input": vec![1; 5000]}), 400, Some("input")),
+        bad(E, json!({"input": vec!["a"; 300]}), 400, Some("input")),
+        bad(
+            E,
+            json!({"input": "hi", "encoding_format": "int8"}),
+            400,
+            Some("encoding_format"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "encoding_format": 1}),
+            400,
+            Some("encoding_format"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "dimensions": 8}),
+            400,
+            Some("dimensions"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "dimensions": "576"}),
+            400,
+            Some("dimensions"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "normalize": "yes"}),
+            400,
+            Some("normalize"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "truncate_prompt_tokens": -2}),
+            400,
+            Some("truncate_prompt_tokens"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "add_special_tokens": 1}),
+            400,
+            Some("add_special_tokens"),
+        ),
+        bad(
+            E,
+            json!({"input": "hi", "model": "other"}),
+            404,
+            Some("model"),
+        ),
+        raw(E, b"[1, 2]", 400),
         raw("/no/such/route", b"{}", 404),
         raw("/v1/models", b"{}", 405),
         Bad {

@@ -101,7 +101,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let t = match event {
             StreamEvent::Token(t) => t,
             StreamEvent::Error(e) => bail!("generation failed: {e}"),
-            StreamEvent::PromptLogprobs { .. } => continue,
+            StreamEvent::PromptLogprobs { .. } | StreamEvent::Embedding(_) => continue,
         };
         generated += 1;
         first.get_or_insert_with(Instant::now);

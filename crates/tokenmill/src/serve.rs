@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use tokenmill_engine::Pooling;
 use tokenmill_server::grpc::RemoteTokenizer;
 use tokenmill_server::launch;
 use tokenmill_server::{AppState, HttpLimits, ServerConfig, TokenizerPool};
@@ -73,6 +74,25 @@ pub struct ServeArgs {
     /// Enable `POST /start_profile` and `/stop_profile`, writing traces into this folder.
     #[arg(long)]
     pub profile_dir: Option<PathBuf>,
+    /// How /v1/embeddings pools a prompt's final hidden states: the last token's (vLLM's
+    /// default for a causal LM) or the mean over every token.
+    #[arg(long, value_enum, default_value_t = PoolingArg::Last)]
+    pub pooling: PoolingArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PoolingArg {
+    Last,
+    Mean,
+}
+
+impl From<PoolingArg> for Pooling {
+    fn from(p: PoolingArg) -> Pooling {
+        match p {
+            PoolingArg::Last => Pooling::Last,
+            PoolingArg::Mean => Pooling::Mean,
+        }
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -159,6 +179,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_body_bytes: args.max_body_bytes,
         tokenizer_workers: args.tokenizer_workers,
         http: http.clone(),
+        pooling: args.pooling.into(),
     };
     let rt = runtime()?;
     rt.block_on(async move {

@@ -471,13 +471,20 @@ fn dashboard_renders_live_numbers_in_headless_chromium() {
 /// Runs `tests/openai_client/<script>` with the official `openai` client (installed by
 /// `scripts/test-deps.sh`) against a fresh server; every test in it must pass.
 fn run_openai_client_script(script: &str) {
+    run_openai_client_script_with(script, &[], &[]);
+}
+
+/// [`run_openai_client_script`] with more `serve` flags and more arguments for the script.
+fn run_openai_client_script_with(script: &str, serve_args: &[&str], script_args: &[&str]) {
     let root = tokenmill_testutil::workspace_root();
     let python = install_deps("test-deps.sh");
-    let mut s = spawn(&[&["--port", "0", "--served-model-name", "smollm2"], SMALL].concat());
+    let base = ["--port", "0", "--served-model-name", "smollm2"];
+    let mut s = spawn(&[&base, SMALL, serve_args].concat());
     let out = Command::new(python)
         .arg(root.join("tests/openai_client").join(script))
         .arg(&s.base)
         .arg("smollm2")
+        .args(script_args)
         .output()
         .expect("running the openai client tests");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -500,6 +507,12 @@ fn official_openai_python_client() {
 #[test]
 fn official_openai_python_client_responses_api() {
     run_openai_client_script("test_responses.py");
+}
+
+#[test]
+fn official_openai_python_client_embeddings_with_either_pooling() {
+    run_openai_client_script_with("test_embeddings.py", &[], &["last"]);
+    run_openai_client_script_with("test_embeddings.py", &["--pooling", "mean"], &["mean"]);
 }
 
 #[test]

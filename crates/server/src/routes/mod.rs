@@ -4,6 +4,7 @@ pub mod chat;
 pub mod common;
 pub mod completions;
 pub mod dashboard;
+pub mod embeddings;
 pub mod generate;
 pub mod info;
 pub mod profile;

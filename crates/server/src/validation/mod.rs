@@ -101,7 +101,7 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
             Source::Chat(chat)
         }
         Api::Completions | Api::Generate => {
-            let inputs = prompt::parse_prompts(f.get("prompt"), tok.vocab_size())?;
+            let inputs = prompt::parse_prompts(f.get("prompt"), tok.vocab_size(), "prompt")?;
             if api == Api::Generate && inputs.len() != 1 {
                 return Err(ApiError::invalid_param(
                     "prompt",
@@ -121,7 +121,8 @@ pub async fn validate(state: &AppState, f: &Fields, api: Api) -> Result<ValidReq
     state.admission.precheck(num_prompts * n, &state.metrics)?;
     let (inputs, prompts, prompt_param) = match source {
         Source::Prompts(inputs) => {
-            let prompts = prompt::tokenize_prompts(state, &inputs, add_special_tokens).await?;
+            let prompts =
+                prompt::tokenize_prompts(state, &inputs, add_special_tokens, "prompt").await?;
             (inputs, prompts, "prompt")
         }
         Source::Chat(chat) => {

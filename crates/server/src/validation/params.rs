@@ -99,6 +99,7 @@ pub fn parse(f: &Fields, api: Api, tok: &Tokenizer) -> Result<Sampling, ApiError
         prompt_logprobs: false,
         sampling,
         constraint: None,
+        pooling: None,
     };
     Ok(Sampling {
         n,

@@ -21,69 +21,85 @@ pub enum PromptInput {
     Ids(Vec<u32>),
 }
 
-fn prompt_error() -> ApiError {
+fn prompt_error(param: &'static str) -> ApiError {
     ApiError::invalid_param(
-        "prompt",
-        "`prompt` must be a string, an array of strings, an array of token ids or an array \
-         of arrays of token ids",
+        param,
+        format!(
+            "`{param}` must be a string, an array of strings, an array of token ids or an \
+             array of arrays of token ids"
+        ),
     )
 }
 
-fn ids(a: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
+fn ids(a: &[Value], vocab: usize, param: &'static str) -> Result<Vec<u32>, ApiError> {
     a.iter()
         .map(|v| match as_i64(v) {
             Some(id) if id >= 0 && (id as u64) < vocab as u64 => Ok(id as u32),
             Some(id) => Err(ApiError::invalid_param(
-                "prompt",
+                param,
                 format!("token id {id} is outside the vocabulary (0..{vocab})"),
             )),
-            None => Err(prompt_error()),
+            None => Err(prompt_error(param)),
         })
         .collect()
 }
 
-/// Parses `prompt`: a string, strings, token ids or lists of token ids.
-pub fn parse_prompts(v: Option<&Value>, vocab: usize) -> Result<Vec<PromptInput>, ApiError> {
+/// Parses a prompt field named `param` (completions' `prompt`, embeddings' `input`): a
+/// string, strings, token ids or lists of token ids.
+pub fn parse_prompts(
+    v: Option<&Value>,
+    vocab: usize,
+    param: &'static str,
+) -> Result<Vec<PromptInput>, ApiError> {
     let prompts = match v {
-        None => return Err(ApiError::invalid_param("prompt", "`prompt` is required")),
+        None => {
+            return Err(ApiError::invalid_param(
+                param,
+                format!("`{param}` is required"),
+            ));
+        }
         Some(Value::String(s)) => vec![PromptInput::Text(s.clone())],
         Some(Value::Array(a)) if a.is_empty() => {
-            return Err(ApiError::invalid_param("prompt", "`prompt` is empty"));
+            return Err(ApiError::invalid_param(
+                param,
+                format!("`{param}` is empty"),
+            ));
         }
         Some(Value::Array(a)) => match &a[0] {
             Value::String(_) => a
                 .iter()
                 .map(|v| match v {
                     Value::String(s) => Ok(PromptInput::Text(s.clone())),
-                    _ => Err(prompt_error()),
+                    _ => Err(prompt_error(param)),
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-            Value::Number(_) => vec![PromptInput::Ids(ids(a, vocab)?)],
+            Value::Number(_) => vec![PromptInput::Ids(ids(a, vocab, param)?)],
             Value::Array(_) => a
                 .iter()
                 .map(|v| match v {
-                    Value::Array(inner) => Ok(PromptInput::Ids(ids(inner, vocab)?)),
-                    _ => Err(prompt_error()),
+                    Value::Array(inner) => Ok(PromptInput::Ids(ids(inner, vocab, param)?)),
+                    _ => Err(prompt_error(param)),
                 })
                 .collect::<Result<Vec<_>, _>>()?,
-            _ => return Err(prompt_error()),
+            _ => return Err(prompt_error(param)),
         },
-        Some(_) => return Err(prompt_error()),
+        Some(_) => return Err(prompt_error(param)),
     };
     if prompts.len() > MAX_PROMPTS {
         return Err(ApiError::invalid_param(
-            "prompt",
+            param,
             format!("at most {MAX_PROMPTS} prompts per request"),
         ));
     }
     Ok(prompts)
 }
 
-/// Token ids of each prompt (text on the tokenizer pool).
+/// Token ids of each prompt (text on the tokenizer pool; errors name `param`).
 pub async fn tokenize_prompts(
     state: &AppState,
     prompts: &[PromptInput],
     add_special_tokens: bool,
+    param: &'static str,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let mut out = Vec::with_capacity(prompts.len());
     for p in prompts {
@@ -91,7 +107,7 @@ pub async fn tokenize_prompts(
             PromptInput::Text(t) => {
                 state
                     .pool
-                    .encode(t.clone(), add_special_tokens, "prompt")
+                    .encode(t.clone(), add_special_tokens, param)
                     .await?
             }
             PromptInput::Ids(ids) => ids.clone(),
@@ -306,7 +322,7 @@ mod tests {
 
     #[test]
     fn prompt_shapes() {
-        let p = |v: Value| parse_prompts(Some(&v), 100);
+        let p = |v: Value| parse_prompts(Some(&v), 100, "prompt");
         assert_eq!(
             p(json!("hi")).unwrap(),
             vec![PromptInput::Text("hi".into())]
@@ -328,7 +344,7 @@ mod tests {
         }
         assert!(p(json!([100])).unwrap_err().message.contains("outside"));
         assert!(p(json!([-1])).is_err());
-        assert!(parse_prompts(None, 100).is_err());
+        assert!(parse_prompts(None, 100, "prompt").is_err());
     }
 
     #[test]
