@@ -200,7 +200,7 @@ impl ThreadPool {
             Err(TryLockError::WouldBlock) => None,
         };
         if self.workers.is_empty() || n_tasks == 1 || guard.is_none() {
-            (0..n_tasks).for_each(f);
+            observed(|| (0..n_tasks).for_each(f));
             return;
         }
         let f: JobRef<'_> = &f;
@@ -227,7 +227,7 @@ impl ThreadPool {
             let _sleep = lock(&sh.sleep);
             sh.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| run_tasks(sh, *f, n_tasks)));
+        let mine = observed(|| catch_unwind(AssertUnwindSafe(|| run_tasks(sh, *f, n_tasks))));
         // No task is left to claim: close the job so late workers stay away, then wait for
         // the ones that joined — even if our own tasks panicked, they may still use `f`.
         let joined = (sh.state.0.fetch_or(CLOSED, Ordering::AcqRel) & JOINED_MASK) as usize;
@@ -309,8 +309,20 @@ fn wait_for_job(sh: &Shared, seen: u64) -> u64 {
 #[derive(Clone, Copy, Debug)]
 pub struct JobObserver {
     pub active: fn() -> bool,
-    /// `(worker index, 1-based; when it started on the job; when it finished)`.
+    /// `(worker index: 1-based for the pool's threads, 0 for the caller, which runs its
+    /// share of every job too; when it started on the job; when it finished)`.
     pub record: fn(usize, Instant, Instant),
+}
+
+/// Runs the caller's share of a job, timed for the observer when it is active.
+fn observed<R>(share: impl FnOnce() -> R) -> R {
+    let Some(o) = OBSERVER.get().filter(|o| (o.active)()) else {
+        return share();
+    };
+    let start = Instant::now();
+    let r = share();
+    (o.record)(0, start, Instant::now());
+    r
 }
 
 static OBSERVER: OnceLock<JobObserver> = OnceLock::new();

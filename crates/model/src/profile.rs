@@ -16,7 +16,9 @@
 //! The pool workers' share of each op is recorded too, once [`trace_pool_workers`] has run
 //! (the engine's launch calls it): a `pool_job` event (category `"pool"`) on each worker's
 //! own track ("tokenmill-worker-N") for every job it joins, so a timeline shows each thread's
-//! busy strips and the gaps between them.
+//! busy strips and the gaps between them. The pool's caller (the engine thread) is worker 0:
+//! its share goes on a side track of its own, "tokenmill-worker-0 (caller)", so that every
+//! worker's strip reads alike rather than the caller's nesting under its ops.
 //!
 //! New op kinds (e.g. MoE routing and experts) are added to [`OpKind`], `OpKind::ALL` and
 //! `OpKind::name`; the trace and the profiler's report pick them up by name.
@@ -27,8 +29,13 @@ use std::time::{Duration, Instant};
 /// Records the compute pool's jobs on the workers' tracks while a trace session runs (see
 /// the module docs). Idempotent; costs a worker one atomic load per job when not tracing.
 pub fn trace_pool_workers() {
-    fn record(_worker: usize, start: Instant, end: Instant) {
-        tokenmill_trace::complete_at("pool_job", "pool", start, end, &[]);
+    fn record(worker: usize, start: Instant, end: Instant) {
+        if worker == 0 {
+            let lane = "tokenmill-worker-0 (caller)";
+            tokenmill_trace::complete_at_lane(lane, "pool_job", "pool", start, end, &[]);
+        } else {
+            tokenmill_trace::complete_at("pool_job", "pool", start, end, &[]);
+        }
     }
     tokenmill_kernels::pool::set_job_observer(tokenmill_kernels::pool::JobObserver {
         active: tokenmill_trace::enabled,

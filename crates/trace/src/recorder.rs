@@ -170,6 +170,8 @@ struct ThreadBuf {
 
 thread_local! {
     static LOCAL: OnceCell<Arc<ThreadBuf>> = const { OnceCell::new() };
+    /// The thread's side track ([`complete_at_lane`]), if it has one.
+    static LANE: OnceCell<Arc<ThreadBuf>> = const { OnceCell::new() };
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -181,6 +183,10 @@ fn register() -> Arc<ThreadBuf> {
     let name = std::thread::current()
         .name()
         .map_or_else(|| format!("thread-{tid}"), str::to_string);
+    register_track(tid, name)
+}
+
+fn register_track(tid: u64, name: String) -> Arc<ThreadBuf> {
     let buf = Arc::new(ThreadBuf {
         tid,
         name: Mutex::new(name),
@@ -196,13 +202,15 @@ fn with_local(f: impl FnOnce(&ThreadBuf)) {
 }
 
 fn push(ev: RawEvent) {
-    with_local(|b| {
-        let mut v = lock(&b.events);
-        if v.capacity() == 0 {
-            v.reserve(BUFFER_EVENTS);
-        }
-        v.push(ev);
-    });
+    with_local(|b| push_to(b, ev));
+}
+
+fn push_to(b: &ThreadBuf, ev: RawEvent) {
+    let mut v = lock(&b.events);
+    if v.capacity() == 0 {
+        v.reserve(BUFFER_EVENTS);
+    }
+    v.push(ev);
 }
 
 /// Names the calling thread's track (default: the std thread name, else `thread-N`).
@@ -297,6 +305,38 @@ pub fn complete_at(
         },
         ts,
         args: Args::from_slice(args),
+    });
+}
+
+/// Records a complete event from `start` to `end` on the calling thread's side track, a track
+/// of its own named `lane` (at its first use by this thread): what the thread does in another
+/// role than its main one — the compute pool's caller running its share of a job, say, which
+/// then reads like every other worker's track instead of nesting under the caller's ops.
+pub fn complete_at_lane(
+    lane: &str,
+    name: &'static str,
+    cat: &'static str,
+    start: Instant,
+    end: Instant,
+    args: &[(&'static str, Arg)],
+) {
+    if !enabled() {
+        return;
+    }
+    let ts = instant_ns(start);
+    let ev = RawEvent {
+        name,
+        cat,
+        kind: Kind::Complete {
+            dur: instant_ns(end).saturating_sub(ts),
+        },
+        ts,
+        args: Args::from_slice(args),
+    };
+    let _ = LANE.try_with(|c| {
+        let b =
+            c.get_or_init(|| register_track(NEXT_TID.fetch_add(1, Ordering::Relaxed), lane.into()));
+        push_to(b, ev);
     });
 }
 
@@ -475,6 +515,36 @@ mod tests {
         assert_eq!(names, ["thread_name", "inside"]);
         counter("after", &[("v", 1.0)]);
         assert!(!is_running());
+    }
+
+    #[test]
+    fn a_lane_is_a_track_of_its_own_named_at_first_use() {
+        let ((), t) = session(|| {
+            std::thread::Builder::new()
+                .name("main-role".into())
+                .spawn(|| {
+                    let _s = scope("work", "test");
+                    let now = Instant::now();
+                    complete_at_lane("side", "share", "test", now, now, &[]);
+                    complete_at_lane("renamed?", "share", "test", now, now, &[]);
+                })
+                .unwrap()
+                .join()
+                .unwrap();
+        });
+        let names = t.thread_names();
+        let track = |ev: &str| {
+            let tids: Vec<u64> = t
+                .events
+                .iter()
+                .filter(|e| e.name == ev)
+                .map(|e| e.tid)
+                .collect();
+            assert!(tids.windows(2).all(|w| w[0] == w[1]), "{ev} on one track");
+            names[&tids[0]].clone()
+        };
+        assert_eq!(track("work"), "main-role");
+        assert_eq!(track("share"), "side");
     }
 
     #[test]
