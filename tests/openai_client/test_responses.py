@@ -8,6 +8,7 @@ across turns, `responses.retrieve`, and errors. Runs without pytest; prints one 
 and a closing `N passed, M failed`.
 """
 
+import json
 import sys
 
 import openai
@@ -106,12 +107,72 @@ def previous_response_id_continues_the_conversation():
     assert got.id == first.id and got.output_text == first.output_text
 
 
+WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+@test
+def a_required_tool_call_is_a_function_call_item_and_its_output_continues():
+    ask = "What is the weather in Paris?"
+    r = client.responses.create(model=MODEL, input=ask, tools=[WEATHER], tool_choice="required",
+                                parallel_tool_calls=False, max_output_tokens=60, temperature=0)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert len(calls) == 1 and r.status == "completed", r.output
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_"), call
+    assert isinstance(json.loads(call.arguments)["city"], str), call.arguments
+    assert r.tools[0].name == "get_weather" and r.tool_choice == "required"
+    assert r.parallel_tool_calls is False
+    # The same as chat's tool calling on the same conversation.
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], max_tokens=60, temperature=0,
+        tools=[{"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}],
+        tool_choice="required", parallel_tool_calls=False)
+    chat_call = chat.choices[0].message.tool_calls[0].function
+    assert (chat_call.name, chat_call.arguments) == (call.name, call.arguments)
+
+    # The tool's result, by previous_response_id, and by the whole conversation as input items.
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "18 C, sunny"}
+    by_id = client.responses.create(model=MODEL, previous_response_id=r.id, input=[result],
+                                    tools=[WEATHER], max_output_tokens=20, temperature=0)
+    items = [{"role": "user", "content": ask},
+             {"type": "function_call", "call_id": call.call_id, "name": call.name,
+              "arguments": call.arguments}, result]
+    by_items = client.responses.create(model=MODEL, input=items, tools=[WEATHER],
+                                       max_output_tokens=20, temperature=0)
+    assert by_id.output_text == by_items.output_text, (by_id.output_text, by_items.output_text)
+    assert by_id.usage.input_tokens == by_items.usage.input_tokens
+
+
+@test
+def a_streamed_tool_call_comes_as_argument_deltas():
+    kw = dict(model=MODEL, input="What is the weather in Rome?", tools=[WEATHER],
+              tool_choice={"type": "function", "name": "get_weather"}, parallel_tool_calls=False,
+              max_output_tokens=60, temperature=0)
+    with client.responses.stream(**kw) as s:
+        events = list(s)
+    types = [e.type for e in events]
+    assert types[:3] == ["response.created", "response.in_progress",
+                         "response.output_item.added"], types
+    assert events[2].item.type == "function_call", events[2]
+    assert types[-1] == "response.completed", types
+    deltas = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and done[0].arguments == deltas, (deltas, done)
+    final = [o for o in events[-1].response.output if o.type == "function_call"]
+    plain = [o for o in client.responses.create(**kw).output if o.type == "function_call"]
+    assert [(c.name, c.arguments) for c in final] == [(c.name, c.arguments) for c in plain]
+    seq = [e.sequence_number for e in events]
+    assert seq == list(range(len(seq))), seq
+
+
 @test
 def errors_are_openai_errors():
     for kw, param in [
         (dict(input="hi", previous_response_id="resp_missing"), "previous_response_id"),
         (dict(input=[{"role": "wizard", "content": "hi"}]), "input"),
-        (dict(input="hi", tools=[{"type": "function", "name": "f", "parameters": {}}]), "tools"),
+        (dict(input="hi", tools=[{"type": "web_search"}]), "tools"),
         (dict(input=42), "input"),
     ]:
         try:

@@ -784,9 +784,40 @@ async fn bad_input_matrix_then_a_good_request() {
         ),
         bad(
             R,
-            json!({"input": "hi", "tools": [{"type": "function", "name": "f"}]}),
+            json!({"input": "hi", "tools": [{"type": "web_search"}]}),
             400,
             Some("tools"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "tools": {"name": "f"}}),
+            400,
+            Some("tools"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "tools": [{"type": "function"}]}),
+            400,
+            Some("tools"),
+        ),
+        bad(
+            R,
+            json!({"input": "hi", "tools": [{"type": "function", "name": "f"}],
+                "tool_choice": {"type": "function", "name": "g"}}),
+            400,
+            Some("tool_choice"),
+        ),
+        bad(
+            R,
+            json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+            400,
+            Some("input"),
+        ),
+        bad(
+            R,
+            json!({"input": [{"type": "function_call_output", "call_id": "c", "output": 1}]}),
+            400,
+            Some("input"),
         ),
         bad(
             R,
