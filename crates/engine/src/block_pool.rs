@@ -119,6 +119,11 @@ impl BlockPool {
 
     /// Takes the least recently freed block (evicting its cache entry), with ref count 1.
     pub fn allocate(&mut self) -> Option<BlockId> {
+        self.allocate_evicting().map(|(id, _)| id)
+    }
+
+    /// [`allocate`](Self::allocate), also saying which cache entry it evicted.
+    pub fn allocate_evicting(&mut self) -> Option<(BlockId, Option<BlockHash>)> {
         if self.free_head == NIL {
             return None;
         }
@@ -126,11 +131,12 @@ impl BlockPool {
         self.unlink(id);
         let b = &mut self.blocks[id.0 as usize];
         b.ref_cnt = 1;
-        if let Some(h) = b.hash.take() {
+        let evicted = b.hash.take();
+        if let Some(h) = evicted {
             self.cached.remove(&h);
             self.num_evictions += 1;
         }
-        Some(id)
+        Some((id, evicted))
     }
 
     /// Adds a user to a block (a prefix-cache hit), taking it off the free list if it was free.
@@ -166,18 +172,26 @@ impl BlockPool {
         true
     }
 
-    /// Drops every cached-but-free block from the index (e.g. after a weight reload).
-    /// Blocks in use keep their entries.
-    pub fn reset_prefix_cache(&mut self) {
+    /// Drops every cached-but-free block from the index (e.g. after a weight reload) and
+    /// returns their keys. Blocks in use keep their entries.
+    pub fn reset_prefix_cache(&mut self) -> Vec<BlockHash> {
         let blocks = &mut self.blocks;
-        self.cached.retain(|_, id| {
+        let mut dropped = Vec::new();
+        self.cached.retain(|&h, id| {
             let b = &mut blocks[id.0 as usize];
             let keep = b.ref_cnt > 0;
             if !keep {
                 b.hash = None;
+                dropped.push(h);
             }
             keep
         });
+        dropped
+    }
+
+    /// Keys of every indexed block (any order).
+    pub fn cached_hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
+        self.cached.keys().copied()
     }
 
     /// Free block ids, least recently freed first (eviction order).

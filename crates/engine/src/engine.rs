@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
 use crate::error::EngineError;
+use crate::kv_events::KvEventBatch;
 use crate::request::{Request, RequestId, RequestParams};
 use crate::runner::{ModelRunner, PromptLogprob, StepResult};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerStats};
@@ -65,6 +66,8 @@ enum Command {
         tx: UnboundedSender<StreamEvent>,
     },
     Abort(RequestId),
+    /// From now on, every step's prefix-cache events go to this sender.
+    SubscribeKvEvents(UnboundedSender<KvEventBatch>),
 }
 
 /// A cloneable handle to the engine thread.
@@ -139,6 +142,15 @@ impl EngineHandle {
         }
     }
 
+    /// The prefix cache's events from now on, one [`KvEventBatch`] per step that changed it
+    /// (vLLM's KV-cache events; a later call replaces the subscriber). Subscribe before the
+    /// first request for a complete picture.
+    pub fn subscribe_kv_events(&self) -> UnboundedReceiver<KvEventBatch> {
+        let (tx, rx) = unbounded_channel();
+        let _ = self.tx.send(Command::SubscribeKvEvents(tx));
+        rx
+    }
+
     /// Cancels a request; its blocks are freed at the next step.
     pub fn abort(&self, id: RequestId) {
         let _ = self.tx.send(Command::Abort(id));
@@ -186,6 +198,7 @@ pub fn start(
         out: SchedulerOutput::new(),
         stats,
         steps: 0,
+        kv_events: None,
     };
     let thread = std::thread::Builder::new()
         .name("tokenmill-engine".into())
@@ -202,6 +215,8 @@ struct EngineLoop {
     out: SchedulerOutput,
     stats: Arc<Mutex<EngineStats>>,
     steps: u64,
+    /// The subscriber to the prefix cache's events, if any.
+    kv_events: Option<UnboundedSender<KvEventBatch>>,
 }
 
 /// How long an engine with requests but nothing runnable waits before scheduling again
@@ -248,6 +263,10 @@ impl EngineLoop {
             Command::Abort(id) => {
                 self.scheduler.abort(id);
                 self.senders.remove(&id);
+            }
+            Command::SubscribeKvEvents(tx) => {
+                self.scheduler.enable_kv_events();
+                self.kv_events = Some(tx);
             }
         }
     }
@@ -300,6 +319,7 @@ impl EngineLoop {
         self.send(prompt_logprobs, outputs);
         self.send_embeddings(pooled);
         self.fail_requests(failed);
+        self.publish_kv_events();
         drop(update);
         if step.is_recording() {
             self.trace_step(&mut step);
@@ -365,6 +385,23 @@ impl EngineLoop {
                 self.scheduler.abort(req_id);
                 self.senders.remove(&req_id);
             }
+        }
+    }
+
+    /// The step's prefix-cache events, to the subscriber (dropped if it went away).
+    fn publish_kv_events(&mut self) {
+        let Some(tx) = &self.kv_events else {
+            return;
+        };
+        let events = self.scheduler.take_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        let ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        if tx.send(KvEventBatch { ts, events }).is_err() {
+            self.kv_events = None;
         }
     }
 

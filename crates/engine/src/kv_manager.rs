@@ -26,6 +26,7 @@ use std::collections::HashMap;
 
 use crate::block_hash::BlockHash;
 use crate::block_pool::{BlockId, BlockPool};
+use crate::kv_events::KvEvent;
 use crate::request::RequestId;
 
 /// Tokens asked for and found in the prefix cache, summed over admitted requests.
@@ -56,6 +57,8 @@ pub struct KvCacheManager {
     enable_caching: bool,
     tables: HashMap<RequestId, RequestBlocks>,
     stats: PrefixCacheStats,
+    /// What entered and left the prefix cache since the last drain, once recording is on.
+    events: Option<Vec<KvEvent>>,
 }
 
 impl KvCacheManager {
@@ -67,6 +70,32 @@ impl KvCacheManager {
             enable_caching,
             tables: HashMap::new(),
             stats: PrefixCacheStats::default(),
+            events: None,
+        }
+    }
+
+    /// Starts recording [`KvEvent`]s (for [`take_events`](Self::take_events)).
+    pub fn enable_events(&mut self) {
+        self.events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events since the last call, in order (none unless recording).
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn removed(&mut self, hashes: Vec<BlockHash>) {
+        if let Some(ev) = &mut self.events
+            && !hashes.is_empty()
+        {
+            // Consecutive evictions make one event.
+            if let Some(KvEvent::BlockRemoved { block_hashes }) = ev.last_mut() {
+                block_hashes.extend(hashes);
+            } else {
+                ev.push(KvEvent::BlockRemoved {
+                    block_hashes: hashes,
+                });
+            }
         }
     }
 
@@ -161,10 +190,16 @@ impl KvCacheManager {
             table.blocks.extend_from_slice(prefix);
             table.num_cached = prefix.len();
         }
+        let mut evicted = Vec::new();
         for _ in 0..num_new_blocks {
-            let b = self.pool.allocate().expect("free count checked above");
+            let (b, h) = self
+                .pool
+                .allocate_evicting()
+                .expect("free count checked above");
             table.blocks.push(b);
+            evicted.extend(h.filter(|_| self.events.is_some()));
         }
+        self.removed(evicted);
         Some(num_new_blocks)
     }
 
@@ -174,6 +209,7 @@ impl KvCacheManager {
         &mut self,
         id: RequestId,
         hashes: &[BlockHash],
+        tokens: &[u32],
         num_computed_tokens: usize,
     ) {
         if !self.enable_caching {
@@ -186,12 +222,12 @@ impl KvCacheManager {
             .min(hashes.len())
             .min(table.blocks.len());
         let start = table.num_cached.min(num_full);
-        for (&b, &h) in table.blocks[start..num_full]
-            .iter()
-            .zip(&hashes[start..num_full])
-        {
-            if b != BlockId::NULL {
-                self.pool.cache(b, h);
+        for (i, &b) in table.blocks.iter().enumerate().take(num_full).skip(start) {
+            let newly = b != BlockId::NULL
+                && self.pool.block_hash(b).is_none()
+                && self.pool.cache(b, hashes[i]);
+            if newly && let Some(ev) = &mut self.events {
+                stored(ev, hashes, tokens, i, self.block_size);
             }
         }
         table.num_cached = table.num_cached.max(num_full);
@@ -235,7 +271,8 @@ impl KvCacheManager {
 
     /// Drops cached free blocks from the prefix cache.
     pub fn reset_prefix_cache(&mut self) {
-        self.pool.reset_prefix_cache();
+        let dropped = self.pool.reset_prefix_cache();
+        self.removed(dropped);
     }
 
     /// Pool invariants, plus: ref counts equal the number of table entries naming each block.
@@ -273,6 +310,32 @@ impl KvCacheManager {
         }
         Ok(())
     }
+}
+
+/// Records block `i` of a sequence (`hashes`, `tokens`) entering the cache: it extends the
+/// last event when that one stored block `i - 1` of the same sequence, so a run of blocks
+/// is one event with one parent, as vLLM sends them.
+fn stored(ev: &mut Vec<KvEvent>, hashes: &[BlockHash], tokens: &[u32], i: usize, bs: usize) {
+    let parent = i.checked_sub(1).map(|p| hashes[p]);
+    let block = &tokens[i * bs..(i + 1) * bs];
+    if let Some(KvEvent::BlockStored {
+        block_hashes,
+        token_ids,
+        ..
+    }) = ev.last_mut()
+        && block_hashes.last().copied() == parent
+        && parent.is_some()
+    {
+        block_hashes.push(hashes[i]);
+        token_ids.extend_from_slice(block);
+        return;
+    }
+    ev.push(KvEvent::BlockStored {
+        block_hashes: vec![hashes[i]],
+        parent_block_hash: parent,
+        token_ids: block.to_vec(),
+        block_size: bs,
+    });
 }
 
 #[cfg(test)]
@@ -313,7 +376,7 @@ mod tests {
         m.allocate_slots(a, 0, 12, &[]).unwrap();
         // Nothing is cached until the KV is computed.
         assert_eq!(m.find_cached_prefix(&h, 12).num_tokens, 0);
-        m.cache_blocks(a, &h, 12);
+        m.cache_blocks(a, &h, &prompt, 12);
         // Same prompt: 3 full blocks cached, but the last token must be recomputed → 2 blocks.
         let hit = m.find_cached_prefix(&h, 12);
         assert_eq!(hit.num_tokens, 8);
@@ -343,13 +406,94 @@ mod tests {
         m.check_invariants().unwrap();
     }
 
+    /// Replays events into a set of cached hashes (as a subscriber would).
+    fn replay(m: &mut KvCacheManager, set: &mut std::collections::HashSet<BlockHash>) {
+        for e in m.take_events() {
+            match e {
+                KvEvent::BlockStored {
+                    block_hashes,
+                    token_ids,
+                    block_size,
+                    ..
+                } => {
+                    assert_eq!(token_ids.len(), block_hashes.len() * block_size);
+                    set.extend(block_hashes);
+                }
+                KvEvent::BlockRemoved { block_hashes } => {
+                    for h in block_hashes {
+                        assert!(set.remove(&h), "removed a block never stored");
+                    }
+                }
+                KvEvent::AllBlocksCleared => set.clear(),
+            }
+        }
+        let truth: std::collections::HashSet<BlockHash> = m.pool().cached_hashes().collect();
+        assert_eq!(*set, truth);
+    }
+
+    /// The set the events describe is the pool's index, through stores, evictions and a
+    /// reset; a run of a sequence's blocks is one event whose parent is the block before.
+    #[test]
+    fn events_rebuild_the_cached_set() {
+        let mut m = KvCacheManager::new(6, 2, true);
+        m.enable_events();
+        let a: Vec<u32> = (0..7).collect();
+        let ha = hashes(&a, 2);
+        m.allocate_slots(RequestId(1), 0, 7, &[]).unwrap();
+        m.cache_blocks(RequestId(1), &ha, &a, 4);
+        m.cache_blocks(RequestId(1), &ha, &a, 7);
+        let stored = |hs: &[BlockHash], parent, tokens: &[u32]| KvEvent::BlockStored {
+            block_hashes: hs.to_vec(),
+            parent_block_hash: parent,
+            token_ids: tokens.to_vec(),
+            block_size: 2,
+        };
+        // Block 2, cached by a later call, continues the run of blocks 0-1: one event.
+        assert_eq!(m.take_events(), vec![stored(&ha[..3], None, &a[..6])]);
+        let c: Vec<u32> = (0..4).chain([77, 78]).collect();
+        let hc = hashes(&c, 2);
+        m.allocate_slots(
+            RequestId(3),
+            4,
+            2,
+            &m.find_cached_prefix(&hc, 6).blocks.clone(),
+        )
+        .unwrap();
+        m.cache_blocks(RequestId(3), &hc, &c, 6);
+        // A sequence sharing blocks 0-1 stores only its own block 2, under block 1.
+        assert_eq!(
+            m.take_events(),
+            vec![stored(&hc[2..3], Some(hc[1]), &c[4..6])]
+        );
+        m.free(RequestId(3));
+        let mut set: std::collections::HashSet<BlockHash> =
+            ha[..3].iter().chain(&hc[2..3]).copied().collect();
+        m.free(RequestId(1));
+        // B needs 5 of the 6 blocks: A's cached free blocks are evicted for it.
+        let b: Vec<u32> = (100..110).collect();
+        let hb = hashes(&b, 2);
+        m.allocate_slots(RequestId(2), 0, 10, &[]).unwrap();
+        m.cache_blocks(RequestId(2), &hb, &b, 10);
+        replay(&mut m, &mut set);
+        assert!(m.pool().num_evictions() > 0);
+        m.free(RequestId(2));
+        m.reset_prefix_cache();
+        replay(&mut m, &mut set);
+        assert!(set.is_empty());
+        // Off: nothing recorded.
+        let mut off = KvCacheManager::new(4, 2, true);
+        off.allocate_slots(RequestId(1), 0, 4, &[]).unwrap();
+        off.cache_blocks(RequestId(1), &hashes(&a[..4], 2), &a[..4], 4);
+        assert!(off.take_events().is_empty());
+    }
+
     #[test]
     fn caching_off_never_hits() {
         let mut m = KvCacheManager::new(4, 2, false);
         let t = [1, 2, 3, 4, 5];
         let h = hashes(&t, 2);
         m.allocate_slots(RequestId(1), 0, 5, &[]).unwrap();
-        m.cache_blocks(RequestId(1), &h, 5);
+        m.cache_blocks(RequestId(1), &h, &t, 5);
         assert_eq!(m.find_cached_prefix(&h, 5), CachedPrefix::default());
         assert_eq!(m.pool().num_cached(), 0);
     }
@@ -361,7 +505,7 @@ mod tests {
         let t: Vec<u32> = (0..5).collect();
         let h = hashes(&t, 2);
         m.allocate_slots(RequestId(1), 0, 5, &[]).unwrap();
-        m.cache_blocks(RequestId(1), &h, 5);
+        m.cache_blocks(RequestId(1), &h, &t, 5);
         m.free(RequestId(1));
         let hit = m.find_cached_prefix(&h, 5);
         assert_eq!(hit.blocks.len(), 2);

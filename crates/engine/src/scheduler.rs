@@ -150,6 +150,16 @@ impl Scheduler {
         &self.config
     }
 
+    /// Starts recording what enters and leaves the prefix cache ([`take_kv_events`](Self::take_kv_events)).
+    pub fn enable_kv_events(&mut self) {
+        self.kv.enable_events();
+    }
+
+    /// The prefix cache's events since the last call, in order.
+    pub fn take_kv_events(&mut self) -> Vec<crate::KvEvent> {
+        self.kv.take_events()
+    }
+
     pub fn kv(&self) -> &KvCacheManager {
         &self.kv
     }
@@ -302,8 +312,12 @@ impl Scheduler {
             }
             // Drafts count as computed once accepted (below).
             req.num_computed_tokens += c.num_tokens - c.num_draft_tokens;
-            self.kv
-                .cache_blocks(req.id, &req.block_hashes, req.num_computed_tokens);
+            self.kv.cache_blocks(
+                req.id,
+                &req.block_hashes,
+                req.token_ids(),
+                req.num_computed_tokens,
+            );
             if req.params.pooling.is_some() && req.num_uncomputed_tokens() == 0 {
                 req.status = RequestStatus::Finished(FinishReason::Stop);
                 any_finished = true;
@@ -327,8 +341,12 @@ impl Scheduler {
             }
             if follows_draft && accept_draft(out, req) {
                 self.spec_stats.num_accepted_tokens += 1;
-                self.kv
-                    .cache_blocks(id, &req.block_hashes, req.num_computed_tokens);
+                self.kv.cache_blocks(
+                    id,
+                    &req.block_hashes,
+                    req.token_ids(),
+                    req.num_computed_tokens,
+                );
             }
             if req.num_uncomputed_tokens() != 0 {
                 continue;
@@ -638,7 +656,8 @@ impl Scheduler {
             decode_all.add_chunk(self.requests[&id].num_tokens(), 1, true);
             self.take(budget, id, start, n, left);
             let req = &self.requests[&id];
-            self.kv.cache_blocks(id, &req.block_hashes, start + n);
+            self.kv
+                .cache_blocks(id, &req.block_hashes, req.token_ids(), start + n);
         }
     }
 
@@ -651,8 +670,12 @@ impl Scheduler {
     fn cache_planned(&mut self) {
         for &(id, n) in &self.plan {
             let req = &self.requests[&id];
-            self.kv
-                .cache_blocks(id, &req.block_hashes, req.num_computed_tokens + n);
+            self.kv.cache_blocks(
+                id,
+                &req.block_hashes,
+                req.token_ids(),
+                req.num_computed_tokens + n,
+            );
         }
     }
 

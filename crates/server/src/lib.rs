@@ -27,6 +27,7 @@ pub mod error;
 pub mod generation;
 pub mod grpc;
 pub mod json;
+pub mod kv_events;
 pub mod launch;
 pub mod metrics;
 pub mod output;

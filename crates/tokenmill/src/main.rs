@@ -21,7 +21,10 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "tokenmill",
     version,
-    about = "A fast LLM inference engine and server for CPUs"
+    about = "A fast LLM inference engine and server for CPUs",
+    // A flag given twice: the last wins (as vLLM's argparse flags do), so scripts can append
+    // overrides to a base command line.
+    args_override_self = true
 )]
 struct Cli {
     #[command(subcommand)]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokenmill_engine::Pooling;
 use tokenmill_server::grpc::RemoteTokenizer;
+use tokenmill_server::kv_events::KvEventsConfig;
 use tokenmill_server::launch;
 use tokenmill_server::{AppState, HttpLimits, ServerConfig, TokenizerPool};
 
@@ -78,6 +79,11 @@ pub struct ServeArgs {
     /// default for a causal LM) or the mean over every token.
     #[arg(long, value_enum, default_value_t = PoolingArg::Last)]
     pub pooling: PoolingArg,
+    /// Publish the prefix cache's changes as vLLM's KV-cache events over ZMQ, for a
+    /// prefix-aware router: vLLM's JSON, e.g. '{"enable_kv_cache_events": true,
+    /// "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv@HOST:PORT@MODEL"}'.
+    #[arg(long, value_name = "JSON")]
+    pub kv_events_config: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -143,6 +149,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--drain-timeout must be a non-negative number of seconds");
     }
     let http = http_limits(&args)?;
+    let kv_events = match &args.kv_events_config {
+        Some(json) => {
+            KvEventsConfig::parse(json).map_err(|e| anyhow::anyhow!("--kv-events-config: {e}"))?
+        }
+        None => None,
+    };
     crate::init_threads(args.engine.threads);
     let model = crate::model_path::resolve(args.engine.model.clone())?;
     let id = args
@@ -190,7 +202,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let address = listener.local_addr()?;
         tracing::info!(%address, "listening (503 until the model is loaded)");
         let ready = async move {
-            load_state(args, model, config)
+            load_state(args, model, config, kv_events)
                 .await
                 .map_err(|e| format!("{e:#}"))
         };
@@ -229,6 +241,7 @@ async fn load_state(
     args: ServeArgs,
     model: PathBuf,
     config: ServerConfig,
+    kv_events: Option<KvEventsConfig>,
 ) -> anyhow::Result<tokenmill_server::SharedState> {
     let engine_config = args.engine.config()?;
     let path = model.clone();
@@ -265,6 +278,14 @@ async fn load_state(
         api_key = config.api_key.is_some(),
         "loaded"
     );
+    if let Some(cfg) = kv_events {
+        // Before the first request, so the events cover everything the cache ever held.
+        let rx = loaded.engine.subscribe_kv_events();
+        let (endpoint, replay) = tokenmill_server::kv_events::start(cfg, rx)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?;
+        tracing::info!(%endpoint, replay = replay.as_deref().unwrap_or("off"), "kv events: publishing");
+    }
     if args.profile_dir.is_some()
         && let Some(shape) = crate::profile::model_shape(&model, args.engine.kv_cache_dtype.into())
     {

@@ -511,6 +511,7 @@ fn run_openai_client_script_with(script: &str, serve_args: &[&str], script_args:
     let root = tokenmill_testutil::workspace_root();
     let python = install_deps("test-deps.sh");
     let base = ["--port", "0", "--served-model-name", "smollm2"];
+    // Later flags win: `serve_args` may override `SMALL`'s.
     let mut s = spawn(&[&base, SMALL, serve_args].concat());
     let out = Command::new(python)
         .arg(root.join("tests/openai_client").join(script))
@@ -545,6 +546,33 @@ fn official_openai_python_client_responses_api() {
 fn official_openai_python_client_embeddings_with_either_pooling() {
     run_openai_client_script_with("test_embeddings.py", &[], &["last"]);
     run_openai_client_script_with("test_embeddings.py", &["--pooling", "mean"], &["mean"]);
+}
+
+/// `--kv-events-config`: an independent subscriber (pyzmq + msgpack) rebuilds the prefix cache
+/// from the events and predicts every request's prefix hit from it, through evictions of a
+/// cache of a few blocks; the replay socket returns every batch published.
+#[test]
+fn kv_cache_events_rebuild_the_workers_prefix_cache() {
+    let free_port = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    let (publish, replay) = (free_port(), free_port());
+    let topic = "kv@127.0.0.1@smollm2";
+    let config = format!(
+        r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{publish}",
+            "replay_endpoint": "tcp://*:{replay}", "topic": "{topic}"}}"#
+    );
+    // 24 blocks of 16 tokens: three 48-token system prompts and their tails do not all fit.
+    let serve = [
+        "--kv-cache-memory",
+        "17MiB",
+        "--max-model-len",
+        "256",
+        "--kv-events-config",
+        &config,
+    ];
+    run_openai_client_script_with("test_kv_events.py", &serve, &[&publish, &replay, topic]);
 }
 
 #[test]
