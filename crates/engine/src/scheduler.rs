@@ -81,6 +81,9 @@ pub struct SchedulerStats {
     pub num_preemptions: u64,
     pub step_time: StepTimeStats,
     pub spec_decode: SpecDecodeStats,
+    /// The step-time model's 95th-percentile time of a step in which every running and
+    /// waiting request decodes together (what the TPOT target is about): the load on the SLA.
+    pub decode_step_p95: Duration,
 }
 
 /// Waiting-queue order: `(priority or 0, arrival_seq, id)`.
@@ -196,7 +199,21 @@ impl Scheduler {
             num_preemptions: self.num_preemptions,
             step_time: self.step_model.stats(),
             spec_decode: self.spec_stats,
+            decode_step_p95: self.decode_step_p95(),
         }
+    }
+
+    /// See [`SchedulerStats::decode_step_p95`]; zero when nothing is running or waiting.
+    fn decode_step_p95(&self) -> Duration {
+        let mut all = StepFeatures::default();
+        let waiting = self.waiting.iter().map(|k| &k.2);
+        for id in self.running.iter().chain(waiting) {
+            all.add_chunk(self.requests[id].num_tokens(), 1, true);
+        }
+        if all == StepFeatures::default() {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(self.step_model.predict_tail_ms(&all).max(0.0) / 1e3)
     }
 
     /// Queues a request, or rejects one that could never run.

@@ -81,9 +81,13 @@ fn learns_the_machine_and_caps_the_batch_to_meet_tpot() {
     assert!(c.context_ms_per_token < 1e-5, "{c:?}");
 
     let trained = d.sched.stats().step_time;
+    assert_eq!(d.sched.stats().decode_step_p95, Duration::ZERO, "nothing to decode");
     for i in 0..30 {
         d.submit(i, tokens(i, 40), params_exact(20));
     }
+    // The load on the SLA: all 30 decoding together would take 2 + 30 · 3 ms.
+    let load = d.sched.stats().decode_step_p95.as_secs_f64() * 1e3;
+    assert!((load - 92.0).abs() < 92.0 * 0.05, "{load} ms");
     let trace = run(&mut d, 2000);
     d.check_against_reference();
     let max_decodes = trace.iter().map(|s| s.0).max().unwrap();

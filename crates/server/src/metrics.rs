@@ -285,6 +285,18 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{{l}}} {v}.0");
         }
         self.render_by_reason(&mut out);
+        if let Some(tpot) = config.sla.tpot {
+            let name = "tokenmill_sla_tpot_load";
+            header(
+                &mut out,
+                name,
+                "The step-time model's p95 time of a step decoding every running and waiting \
+                 request, over the TPOT target: at 1 the worker is at its SLA's capacity.",
+                "gauge",
+            );
+            let load = stats.scheduler.decode_step_p95.as_secs_f64() / tpot.as_secs_f64();
+            let _ = writeln!(out, "{name}{{{l}}} {load:?}");
+        }
         if config.speculative.is_some() {
             render_spec_decode(&mut out, &stats.scheduler.spec_decode, l);
         }
@@ -513,6 +525,25 @@ mod tests {
         let mut real = String::new();
         render_process_memory(&mut real, &read_proc_status());
         assert!(real.contains("process_resident_memory_bytes "), "{real}");
+    }
+
+    #[test]
+    fn the_sla_load_is_the_decode_step_over_the_tpot_target() {
+        let m = Metrics::new("m".into());
+        let mut stats = EngineStats::default();
+        stats.scheduler.decode_step_p95 = Duration::from_millis(30);
+        let off = m.render(&stats, &SchedulerConfig::default(), 0);
+        assert!(!off.contains("tokenmill_sla_tpot_load"), "no target, no load");
+        let config = SchedulerConfig {
+            sla: tokenmill_engine::SlaTargets {
+                tpot: Some(Duration::from_millis(40)),
+                ttft: None,
+            },
+            ..SchedulerConfig::default()
+        };
+        let on = m.render(&stats, &config, 0);
+        assert!(on.contains("# TYPE tokenmill_sla_tpot_load gauge\n"), "{on}");
+        assert!(on.contains("\ntokenmill_sla_tpot_load{model_name=\"m\"} 0.75\n"), "{on}");
     }
 
     #[test]

@@ -542,6 +542,122 @@ fn official_openai_python_client_responses_api() {
     run_openai_client_script("test_responses.py");
 }
 
+/// A real Prometheus (Debian's) scrapes two workers with `deploy/prometheus/rules.yml`: both
+/// targets are up, the recording rules have values from the load, and every query of the
+/// Grafana dashboard (`deploy/grafana/tokenmill.json`) evaluates.
+#[test]
+fn prometheus_scrapes_two_workers_with_the_slo_rules() {
+    let bin = install_deps("prometheus-deps.sh");
+    let root = tokenmill_testutil::workspace_root();
+    let args = [&["--port", "0", "--target-tpot-ms", "200"], SMALL].concat();
+    let mut workers = [spawn(&args), spawn(&args)];
+    let work = tempfile::tempdir().unwrap();
+    // The rules as shipped, evaluated every second instead of every 15 s.
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/rules.yml")).unwrap();
+    let rules_path = work.path().join("rules.yml");
+    std::fs::write(&rules_path, rules.replace("interval: 15s", "interval: 1s")).unwrap();
+    let targets: Vec<String> = workers
+        .iter()
+        .map(|w| format!("\"{}\"", w.base.trim_start_matches("http://")))
+        .collect();
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+         rule_files: [\"{}\"]\n\
+         scrape_configs:\n  - job_name: tokenmill\n    static_configs:\n      - targets: [{}]\n",
+        rules_path.display(),
+        targets.join(", ")
+    );
+    let config_path = work.path().join("prometheus.yml");
+    std::fs::write(&config_path, config).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut prometheus = Command::new(bin.join("prometheus"))
+        .arg(format!("--config.file={}", config_path.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            work.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting prometheus");
+    let rt = rt();
+    let c = reqwest::Client::new();
+    let query = |q: &str| -> Value {
+        let url = format!("http://127.0.0.1:{port}/api/v1/query");
+        rt.block_on(async {
+            match c.get(&url).query(&[("query", q)]).send().await {
+                Ok(r) => r.json().await.unwrap_or(Value::Null),
+                Err(_) => Value::Null,
+            }
+        })
+    };
+    let values = |v: &Value| -> Vec<f64> {
+        let rows = v["data"]["result"].as_array().cloned().unwrap_or_default();
+        rows.iter()
+            .filter_map(|r| r["value"][1].as_str()?.parse().ok())
+            .collect()
+    };
+    let until = |what: &str, ok: &dyn Fn() -> bool| {
+        let t = Instant::now();
+        while !ok() {
+            assert!(t.elapsed() < Duration::from_secs(60), "waiting for {what}");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    until("both workers scraped", &|| {
+        values(&query("up{job=\"tokenmill\"}")) == [1.0, 1.0]
+    });
+    // Load on both workers at once, for a few seconds of samples.
+    rt.block_on(async {
+        for round in 0..4 {
+            let body = json!({"prompt": format!("Count to ten, round {round}:"),
+                "max_tokens": 24, "ignore_eos": true});
+            let send = |w: &Server| {
+                c.post(format!("{}/v1/completions", w.base))
+                    .json(&body)
+                    .send()
+            };
+            let (a, b) = tokio::join!(send(&workers[0]), send(&workers[1]));
+            assert_eq!(a.unwrap().status(), 200);
+            assert_eq!(b.unwrap().status(), 200);
+            tokio::time::sleep(Duration::from_millis(700)).await;
+        }
+    });
+    let positive = |q: &str| values(&query(q)).first().is_some_and(|&v| v > 0.0);
+    until("the rules' output tokens per second", &|| {
+        positive("tokenmill:generation_tokens:rate1m")
+    });
+    until("the rules' p95 TTFT", &|| {
+        positive("tokenmill:time_to_first_token_seconds:p95")
+    });
+    let load = values(&query("tokenmill:sla_tpot_load:max"));
+    assert!(load.len() == 1 && load[0] >= 0.0, "{load:?}");
+    // Every panel's query is valid PromQL over what the workers and the rules provide.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/tokenmill.json")).unwrap(),
+    )
+    .unwrap();
+    let panels = dashboard["panels"].as_array().unwrap();
+    assert!(panels.len() >= 8);
+    for target in panels.iter().flat_map(|p| p["targets"].as_array().unwrap()) {
+        let expr = target["expr"].as_str().unwrap();
+        let r = query(expr);
+        assert_eq!(r["status"], "success", "{expr}: {r}");
+        assert!(!values(&r).is_empty(), "{expr} has no series");
+    }
+    let _ = prometheus.kill();
+    let _ = prometheus.wait();
+    for w in &mut workers {
+        w.sigterm();
+        assert_eq!(w.wait(Duration::from_secs(60)).code(), Some(0));
+    }
+}
+
 #[test]
 fn official_openai_python_client_embeddings_with_either_pooling() {
     run_openai_client_script_with("test_embeddings.py", &[], &["last"]);
