@@ -658,6 +658,162 @@ fn prometheus_scrapes_two_workers_with_the_slo_rules() {
     }
 }
 
+/// A free loopback port (racy, but only against ourselves).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A gateway process (`smg launch` or `vllm-router`) over `workers`, once it answers
+/// `/v1/models`; killed on drop.
+struct Gateway {
+    child: Child,
+    url: String,
+}
+
+impl Gateway {
+    fn start(bin: &std::path::Path, gateway: &str, policy: &str, workers: &[&Server]) -> Gateway {
+        let (port, metrics) = (free_port(), free_port());
+        let mut cmd = Command::new(bin.join(gateway));
+        if gateway == "smg" {
+            cmd.arg("launch");
+        }
+        let child = cmd
+            .args(["--host", "127.0.0.1", "--policy", policy])
+            .args(["--port", &port.to_string()])
+            .args(["--prometheus-port", &metrics.to_string()])
+            .arg("--worker-urls")
+            .args(workers.iter().map(|w| &w.base))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {gateway}: {e}"));
+        let g = Gateway {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let t = Instant::now();
+        let models = format!("{}/v1/models", g.url);
+        let rt = rt();
+        while !rt
+            .block_on(reqwest::get(&models))
+            .is_ok_and(|r| r.status() == 200)
+        {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "{gateway} never came up"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        g
+    }
+
+    /// Runs a phase of `tests/openai_client/test_gateway.py` through this gateway; its JSON.
+    fn phase(&self, phase: &str, workers: &[&Server]) -> Value {
+        let out = self.phase_cmd(phase, workers).output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{phase}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    }
+
+    fn phase_cmd(&self, phase: &str, workers: &[&Server]) -> Command {
+        let root = tokenmill_testutil::workspace_root();
+        let mut cmd = Command::new(install_deps("test-deps.sh"));
+        cmd.arg(root.join("tests/openai_client/test_gateway.py"))
+            .args([&self.url, "smollm2", phase])
+            .args(workers.iter().map(|w| &w.base));
+        cmd
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Two workers with KV caches of ~3 of the `prefixes` phase's five prompts each.
+fn gateway_workers() -> [Server; 2] {
+    let args = [
+        "--port",
+        "0",
+        "--served-model-name",
+        "smollm2",
+        "--kv-cache-memory",
+        "53MiB",
+        "--max-model-len",
+        "512",
+    ];
+    [spawn(&args), spawn(&args)]
+}
+
+/// tokenmill behind SGLang's model gateway (`smg`, PyPI): its cache-aware policy sends requests
+/// sharing a prefix to the worker that holds it — with five long prefixes and caches of three,
+/// the workers' own prefix-cache counters show at least twice the hit rate of round robin,
+/// which spreads every prefix over both and evicts them; load is spread; a worker killed with
+/// SIGKILL is taken out of rotation; one stopped with SIGTERM finishes its requests.
+#[test]
+fn behind_sglangs_model_gateway() {
+    let bin = install_deps("gateway-deps.sh");
+    let hit_rate = |policy: &str| {
+        let w = gateway_workers();
+        let g = Gateway::start(&bin, "smg", policy, &[&w[0], &w[1]]);
+        let r = g.phase("prefixes", &[&w[0], &w[1]]);
+        eprintln!("smg {policy}: {r}");
+        r["hit_rate"].as_f64().unwrap()
+    };
+    let (cache_aware, round_robin) = (hit_rate("cache_aware"), hit_rate("round_robin"));
+    assert!(cache_aware > 0.3, "{cache_aware}");
+    assert!(
+        cache_aware >= 2.0 * round_robin,
+        "cache_aware {cache_aware} vs round_robin {round_robin}"
+    );
+
+    let mut w = gateway_workers();
+    let g = Gateway::start(&bin, "smg", "round_robin", &[&w[0], &w[1]]);
+    let spread = g.phase("spread", &[&w[0], &w[1]]);
+    let per_worker: Vec<f64> = serde_json::from_value(spread["per_worker"].clone()).unwrap();
+    assert!(per_worker.iter().all(|&n| n >= 6.0), "{spread}");
+    // SIGKILL: later requests succeed on the other worker.
+    let _ = w[1].child.kill();
+    let _ = w[1].child.wait();
+    let survived = g.phase("survive", &[&w[0]]);
+    eprintln!("smg after SIGKILL: {survived}");
+    drop(g);
+
+    // SIGTERM while requests run on both: every one of them completes.
+    let w = gateway_workers();
+    let g = Gateway::start(&bin, "smg", "round_robin", &[&w[0], &w[1]]);
+    let mut drain = g
+        .phase_cmd("drain", &[&w[0], &w[1]])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(drain.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "started");
+    w[1].sigterm();
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(drain.wait().unwrap().success(), "{rest:?}");
+    let mut w = w;
+    assert_eq!(w[1].wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// The same workers behind `vllm-router` (PyPI): requests spread over both and succeed.
+#[test]
+fn behind_vllm_router() {
+    let bin = install_deps("gateway-deps.sh");
+    let w = gateway_workers();
+    let g = Gateway::start(&bin, "vllm-router", "round_robin", &[&w[0], &w[1]]);
+    let spread = g.phase("spread", &[&w[0], &w[1]]);
+    let per_worker: Vec<f64> = serde_json::from_value(spread["per_worker"].clone()).unwrap();
+    assert!(per_worker.iter().all(|&n| n >= 6.0), "{spread}");
+}
+
 #[test]
 fn official_openai_python_client_embeddings_with_either_pooling() {
     run_openai_client_script_with("test_embeddings.py", &[], &["last"]);
