@@ -81,7 +81,11 @@ fn learns_the_machine_and_caps_the_batch_to_meet_tpot() {
     assert!(c.context_ms_per_token < 1e-5, "{c:?}");
 
     let trained = d.sched.stats().step_time;
-    assert_eq!(d.sched.stats().decode_step_p95, Duration::ZERO, "nothing to decode");
+    assert_eq!(
+        d.sched.stats().decode_step_p95,
+        Duration::ZERO,
+        "nothing to decode"
+    );
     for i in 0..30 {
         d.submit(i, tokens(i, 40), params_exact(20));
     }

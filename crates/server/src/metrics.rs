@@ -533,7 +533,10 @@ mod tests {
         let mut stats = EngineStats::default();
         stats.scheduler.decode_step_p95 = Duration::from_millis(30);
         let off = m.render(&stats, &SchedulerConfig::default(), 0);
-        assert!(!off.contains("tokenmill_sla_tpot_load"), "no target, no load");
+        assert!(
+            !off.contains("tokenmill_sla_tpot_load"),
+            "no target, no load"
+        );
         let config = SchedulerConfig {
             sla: tokenmill_engine::SlaTargets {
                 tpot: Some(Duration::from_millis(40)),
@@ -542,8 +545,14 @@ mod tests {
             ..SchedulerConfig::default()
         };
         let on = m.render(&stats, &config, 0);
-        assert!(on.contains("# TYPE tokenmill_sla_tpot_load gauge\n"), "{on}");
-        assert!(on.contains("\ntokenmill_sla_tpot_load{model_name=\"m\"} 0.75\n"), "{on}");
+        assert!(
+            on.contains("# TYPE tokenmill_sla_tpot_load gauge\n"),
+            "{on}"
+        );
+        assert!(
+            on.contains("\ntokenmill_sla_tpot_load{model_name=\"m\"} 0.75\n"),
+            "{on}"
+        );
     }
 
     #[test]
