@@ -475,26 +475,52 @@ fn dashboard_renders_live_numbers_in_headless_chromium() {
         "running {running}, step {step} ms"
     );
 
-    let shot = work.path().join("dashboard.png");
-    chrome("png", &[&format!("--screenshot={}", shot.display())]);
-    let decoder = png::Decoder::new(std::fs::File::open(&shot).unwrap());
-    let mut reader = decoder.read_info().unwrap();
-    let mut buf = vec![0; reader.output_buffer_size()];
-    let info = reader.next_frame(&mut buf).unwrap();
-    let channels = info.color_type.samples();
-    let count = |rgb: [u8; 3]| {
-        buf[..info.buffer_size()]
-            .chunks(channels)
-            .filter(|p| (0..3).all(|k| p[k].abs_diff(rgb[k]) <= 24))
-            .count()
+    // Pixels of each chart colour in a screenshot (within `tol` of it per channel).
+    let screenshot = |k: usize| -> [usize; 3] {
+        let shot = work.path().join(format!("dashboard-{k}.png"));
+        chrome(
+            &format!("png-{k}"),
+            &[&format!("--screenshot={}", shot.display())],
+        );
+        let decoder = png::Decoder::new(std::fs::File::open(&shot).unwrap());
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        let channels = info.color_type.samples();
+        let count = |rgb: [u8; 3], tol: u8| {
+            buf[..info.buffer_size()]
+                .chunks(channels)
+                .filter(|p| (0..3).all(|k| p[k].abs_diff(rgb[k]) <= tol))
+                .count()
+        };
+        // The target line's red is told apart from the ITL line's (#c62828) by a tight match.
+        [
+            count([0x2e, 0x7d, 0x32], 24),
+            count([0x6a, 0x1b, 0x9a], 24),
+            count([0xd3, 0x2f, 0x2f], 10),
+        ]
     };
-    let (green, red) = (count([0x2e, 0x7d, 0x32]), count([0xd3, 0x2f, 0x2f]));
-    let purple = count([0x6a, 0x1b, 0x9a]);
+    // The page draws the target once its `/server_info` came back, which a loaded machine
+    // may not manage within one screenshot's virtual time: up to three tries.
+    let mut shots = Vec::new();
+    for k in 0..3 {
+        shots.push(screenshot(k));
+        if shots[k][2] > 50 {
+            break;
+        }
+    }
+    let [green, purple, red] = *shots.last().unwrap();
     // A few seconds of samples draw short lines; the page's own white and grey are far away
     // from these colours.
-    assert!(green >= 6, "{green} pixels of the running-requests line");
-    assert!(purple >= 6, "{purple} pixels of the batch-size line");
-    assert!(red > 50, "{red} pixels of the TPOT target line");
+    assert!(
+        green >= 6,
+        "{green} pixels of the running-requests line ({shots:?})"
+    );
+    assert!(
+        purple >= 6,
+        "{purple} pixels of the batch-size line ({shots:?})"
+    );
+    assert!(red > 50, "{red} pixels of the TPOT target line ({shots:?})");
     load.join().unwrap();
     s.sigterm();
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
