@@ -296,8 +296,18 @@ pub fn complete_at(
     if !enabled() {
         return;
     }
+    push(complete_event(name, cat, start, end, args));
+}
+
+fn complete_event(
+    name: &'static str,
+    cat: &'static str,
+    start: Instant,
+    end: Instant,
+    args: &[(&'static str, Arg)],
+) -> RawEvent {
     let ts = instant_ns(start);
-    push(RawEvent {
+    RawEvent {
         name,
         cat,
         kind: Kind::Complete {
@@ -305,7 +315,7 @@ pub fn complete_at(
         },
         ts,
         args: Args::from_slice(args),
-    });
+    }
 }
 
 /// Records a complete event from `start` to `end` on the calling thread's side track, a track
@@ -323,16 +333,7 @@ pub fn complete_at_lane(
     if !enabled() {
         return;
     }
-    let ts = instant_ns(start);
-    let ev = RawEvent {
-        name,
-        cat,
-        kind: Kind::Complete {
-            dur: instant_ns(end).saturating_sub(ts),
-        },
-        ts,
-        args: Args::from_slice(args),
-    };
+    let ev = complete_event(name, cat, start, end, args);
     let _ = LANE.try_with(|c| {
         let b =
             c.get_or_init(|| register_track(NEXT_TID.fetch_add(1, Ordering::Relaxed), lane.into()));
