@@ -8,14 +8,18 @@ Requests go in one at a time as token ids (shared prefixes, more distinct tokens
 small KV cache holds, so blocks are evicted). Before each, the subscriber predicts from its
 rebuilt cache how many prompt tokens the worker will find cached — a chain of stored blocks
 from block 0 whose tokens match the prompt's — and the worker's own count
-(`vllm:prefix_cache_hits_total`) must move by exactly that. Then the replay socket must hand
-back every batch the subscription saw. Prints one line per test and `N passed, M failed`.
+(`vllm:prefix_cache_hits_total`) must move by exactly that. Next, requests run concurrently,
+more than the cache holds, so the worker preempts some (`vllm:num_preemptions_total` moves)
+and evicts and re-stores blocks while they run; afterwards every prompt is probed again one
+at a time, and the rebuilt cache must still predict each hit exactly. Then the replay socket
+must hand back every batch the subscription saw. Prints one line per test and `N passed, M failed`.
 """
 
 import random
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import msgpack
 import zmq
@@ -99,12 +103,28 @@ def drain(quiet=0.3):
         CACHE.apply(msgpack.unpackb(payload))
 
 
-def hits():
+def metric(name):
     with urllib.request.urlopen(BASE + "/metrics") as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("vllm:prefix_cache_hits_total"):
+            if line.startswith(name + " ") or line.startswith(name + "{"):
                 return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("no vllm:prefix_cache_hits_total")
+    raise AssertionError(f"no {name}")
+
+
+def hits():
+    return metric("vllm:prefix_cache_hits_total")
+
+
+def probe(prompt, label):
+    """One request alone: the worker's prefix hit must be what the rebuilt cache predicts."""
+    drain()
+    want = CACHE.predicted_hit(prompt)
+    before = hits()
+    r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    got = hits() - before
+    assert got == want, f"{label}: the worker hit {got} tokens, the events predict {want}"
+    return want
 
 
 @test
@@ -114,13 +134,7 @@ def the_rebuilt_cache_predicts_every_prefix_hit_through_evictions():
     checked = hit_requests = 0
     for i in range(24):
         prompt = rng.choice(systems) + [rng.randrange(1000, 30000) for _ in range(rng.randrange(5, 40))]
-        drain()
-        want = CACHE.predicted_hit(prompt)
-        before = hits()
-        r = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
-        assert r.choices[0].finish_reason == "length"
-        got = hits() - before
-        assert got == want, f"request {i}: the worker hit {got} tokens, the events predict {want}"
+        want = probe(prompt, f"request {i}")
         checked += 1
         hit_requests += want > 0
     drain()
@@ -129,7 +143,41 @@ def the_rebuilt_cache_predicts_every_prefix_hit_through_evictions():
 
 
 @test
+def the_rebuilt_cache_follows_preemptions():
+    rng = random.Random(11)
+    systems = [[rng.randrange(1000, 30000) for _ in range(64)] for _ in range(2)]
+    prompts = [
+        rng.choice(systems) + [rng.randrange(1000, 30000) for _ in range(rng.randrange(20, 60))]
+        for _ in range(8)
+    ]
+    preempted = metric("vllm:num_preemptions_total")
+    removed = CACHE.removed
+
+    def run(prompt):
+        # ~13 blocks each by the end, 8 at once: far more than the 24 blocks there are.
+        r = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=90, temperature=0, extra_body={"ignore_eos": True}
+        )
+        return r.choices[0].finish_reason, r.usage.completion_tokens
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        # Drain while they run: the publisher's queue is never the only copy.
+        futures = [pool.submit(run, p) for p in prompts]
+        while not all(f.done() for f in futures):
+            drain(quiet=0.05)
+        results = [f.result() for f in futures]
+    assert results == [("length", 90)] * len(prompts), results
+    assert metric("vllm:num_preemptions_total") > preempted, "no request was preempted"
+    drain()
+    assert CACHE.removed > removed
+    hit_requests = sum(probe(p, f"probe {i} after preemption") > 0 for i, p in enumerate(prompts))
+    # The shared system prompts come back from the cache for most of the probes.
+    assert hit_requests >= 4, hit_requests
+
+
+@test
 def replay_returns_every_batch_published():
+    drain()  # the last request's batches
     dealer = ctx.socket(zmq.DEALER)
     dealer.connect(f"tcp://127.0.0.1:{REPLAY}")
     dealer.send_multipart([b"", (0).to_bytes(8, "big")])
