@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the end-to-end tests need beyond cargo: the official `openai` Python client,
-# `jsonschema` (which checks structured outputs against their schemas), and `pyzmq` + `msgpack`
-# (an independent subscriber to the KV-cache events), pinned, in a
+# `jsonschema` (which checks structured outputs against their schemas), `pyzmq` + `msgpack`
+# (an independent subscriber to the KV-cache events) and `opentelemetry-proto` (an independent
+# OTLP/HTTP receiver of the traces), pinned, in a
 # git-ignored virtual environment at .venv-test/. Idempotent: returns at once when the venv
 # already has those versions. Prints the venv's python.
 set -euo pipefail
@@ -11,15 +12,16 @@ OPENAI_VERSION=3.51.0
 JSONSCHEMA_VERSION=4.26.0
 PYZMQ_VERSION=27.3.0
 MSGPACK_VERSION=1.2.4
+OTEL_PROTO_VERSION=1.45.2
 VENV=.venv-test
 PY="$VENV/bin/python"
 
 ready() {
     [ -x "$PY" ] && "$PY" - "$OPENAI_VERSION" "$JSONSCHEMA_VERSION" "$PYZMQ_VERSION" \
-        "$MSGPACK_VERSION" 2>/dev/null <<'PY'
+        "$MSGPACK_VERSION" "$OTEL_PROTO_VERSION" 2>/dev/null <<'PY'
 import sys
 from importlib.metadata import version
-want = dict(zip(["openai", "jsonschema", "pyzmq", "msgpack"], sys.argv[1:]))
+want = dict(zip(["openai", "jsonschema", "pyzmq", "msgpack", "opentelemetry-proto"], sys.argv[1:]))
 sys.exit(not all(version(p) == v for p, v in want.items()))
 PY
 }
@@ -35,6 +37,7 @@ if ! ready; then
     [ -x "$PY" ] || python3 -m venv "$VENV" >&2
     "$PY" -m pip install --quiet --disable-pip-version-check \
         "openai==$OPENAI_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
-        "pyzmq==$PYZMQ_VERSION" "msgpack==$MSGPACK_VERSION" >&2
+        "pyzmq==$PYZMQ_VERSION" "msgpack==$MSGPACK_VERSION" \
+        "opentelemetry-proto==$OTEL_PROTO_VERSION" >&2
 fi
 echo "$PWD/$PY"

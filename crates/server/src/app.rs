@@ -3,7 +3,9 @@
 //! Connections (the cap, header and idle timeouts, header limits) are [`crate::conn`]'s.
 //!
 //! Layers, outermost first: CORS (only with `allowed_origins`), request log + rejection
-//! counting + the `X-Request-Id` of every response (the client's, or a fresh one), the drain gate (POSTs get 503 once draining), the API key (every route but
+//! counting + the `X-Request-Id` of every response (the client's, or a fresh one), the
+//! OpenTelemetry context (the `traceparent`, with `--otlp-traces-endpoint`), the drain gate
+//! (POSTs get 503 once draining), the API key (every route but
 //! `/health`, and `/metrics` unless `api_key_metrics`), the body limit (413). Unknown routes
 //! are 404 and wrong methods 405, both in OpenAI's error shape.
 //!
@@ -75,6 +77,10 @@ pub fn router(state: SharedState) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), drain_gate))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::otel::context_layer,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
         .with_state(state.clone());
     if let Some(cors) = cors_layer(&state.config.allowed_origins) {
@@ -155,9 +161,11 @@ fn request_id(req: &Request) -> HeaderValue {
         })
 }
 
-async fn log_and_count(State(state): State<SharedState>, req: Request, next: Next) -> Response {
+async fn log_and_count(State(state): State<SharedState>, mut req: Request, next: Next) -> Response {
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let id = request_id(&req);
+    // Inner layers (the trace context) see the id the response will carry.
+    req.headers_mut().insert("x-request-id", id.clone());
     let t = Instant::now();
     let mut resp = next.run(req).await;
     // Every answer, errors included, names its request (as OpenAI's and vLLM's do).

@@ -24,6 +24,7 @@ use tokenmill_engine::{FinishReason, RequestParams, RequestStream, StreamEvent};
 use crate::admission::WaitingTicket;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::otel::{RequestAttrs, RequestSpan, Timings};
 use crate::output::{Finish, OutputOptions, OutputProcessor, TokenLogprob, Update};
 use crate::state::AppState;
 use crate::tokenizer_pool::TokenizerPool;
@@ -77,6 +78,18 @@ pub fn submit(state: &AppState, req: GenerationRequest) -> Result<Generation, Ap
                 return Err(ApiError::internal("admission ticket count mismatch"));
             };
             state.in_flight.fetch_add(1, Ordering::SeqCst);
+            let span = RequestSpan::begin(
+                state.otel.as_ref(),
+                RequestAttrs {
+                    model: state.model_name().to_string(),
+                    prompt_tokens: prompt.len(),
+                    max_tokens,
+                    temperature: params.sampling.temperature,
+                    top_p: params.sampling.top_p,
+                    n: req.n,
+                    choice: (req.n > 1).then_some(j),
+                },
+            );
             let stream = state.engine.submit(prompt.clone(), params);
             let processor = OutputProcessor::new(state.pool.tokenizer(), req.output.clone());
             runners.push(ChoiceRunner {
@@ -92,6 +105,10 @@ pub fn submit(state: &AppState, req: GenerationRequest) -> Result<Generation, Ap
                 num_tokens: 0,
                 ended: false,
                 in_flight: state.in_flight.clone(),
+                span,
+                queue_time: None,
+                first_token: None,
+                error: None,
             });
         }
     }
@@ -166,6 +183,12 @@ struct ChoiceRunner {
     ended: bool,
     /// The server's count of live choices (decremented on drop).
     in_flight: Arc<AtomicUsize>,
+    /// The OpenTelemetry span, when traces are exported; ended with the choice.
+    span: Option<RequestSpan>,
+    queue_time: Option<std::time::Duration>,
+    first_token: Option<Instant>,
+    /// The engine's error, if the choice failed.
+    error: Option<String>,
 }
 
 fn is_terminal(ev: &StreamEvent) -> bool {
@@ -222,7 +245,8 @@ impl ChoiceRunner {
     fn observe(&mut self, events: &[StreamEvent]) {
         let now = Instant::now();
         for ev in events {
-            if matches!(ev, StreamEvent::Error(_)) {
+            if let StreamEvent::Error(e) = ev {
+                self.error = Some(e.to_string());
                 continue;
             }
             self.ticket.release();
@@ -234,6 +258,7 @@ impl ChoiceRunner {
                     let queue = token.queue_time.unwrap_or_default();
                     self.metrics
                         .first_token(self.prompt_len, now - self.arrival, queue);
+                    (self.queue_time, self.first_token) = (token.queue_time, Some(now));
                 }
                 Some(prev) => self.metrics.inter_token(now - prev),
             }
@@ -248,6 +273,20 @@ impl ChoiceRunner {
             self.ended = true;
             self.metrics
                 .finished(reason, self.num_tokens, self.arrival.elapsed());
+            if let Some(span) = self.span.take() {
+                span.end(Timings {
+                    queue: self.queue_time,
+                    first_token: self.first_token,
+                    end: Instant::now(),
+                    completion_tokens: self.num_tokens,
+                    finish_reason: reason.and_then(|r| match r {
+                        FinishReason::Stop => Some("stop"),
+                        FinishReason::Length => Some("length"),
+                        FinishReason::Abort => None,
+                    }),
+                    error: self.error.take(),
+                });
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ pub mod json;
 pub mod kv_events;
 pub mod launch;
 pub mod metrics;
+pub mod otel;
 pub mod output;
 pub mod response_store;
 pub mod routes;

@@ -78,6 +78,8 @@ pub struct AppState {
     pub grammars: Result<Arc<GrammarCompiler>, String>,
     /// Past `/v1/responses` results, for `previous_response_id` (bounded).
     pub responses: crate::response_store::ResponseStore,
+    /// OpenTelemetry traces of requests (`--otlp-traces-endpoint`), if exported.
+    pub otel: Option<crate::otel::Tracing>,
 }
 
 pub type SharedState = Arc<AppState>;
@@ -112,7 +114,14 @@ impl AppState {
                 .map_or(0, |d| d.as_secs()),
             profile_dir: None,
             responses: Default::default(),
+            otel: None,
         }
+    }
+
+    /// Exports a span per generation request ([`crate::otel`]).
+    pub fn with_otel(mut self, otel: Option<crate::otel::Tracing>) -> AppState {
+        self.otel = otel;
+        self
     }
 
     /// Enables `/start_profile` and `/stop_profile`, writing traces into `dir`.

@@ -15,6 +15,7 @@ use tokenmill_engine::Pooling;
 use tokenmill_server::grpc::RemoteTokenizer;
 use tokenmill_server::kv_events::KvEventsConfig;
 use tokenmill_server::launch;
+use tokenmill_server::otel;
 use tokenmill_server::{AppState, HttpLimits, ServerConfig, TokenizerPool};
 
 use crate::engine_args::EngineArgs;
@@ -84,6 +85,12 @@ pub struct ServeArgs {
     /// "publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv@HOST:PORT@MODEL"}'.
     #[arg(long, value_name = "JSON")]
     pub kv_events_config: Option<String>,
+    /// Export an OpenTelemetry span per request (queue, prefill, decode) to this OTLP
+    /// collector: gRPC (http://host:4317) unless OTEL_EXPORTER_OTLP_TRACES_PROTOCOL is
+    /// http/protobuf (then the full URL, http://host:4318/v1/traces). An incoming W3C
+    /// `traceparent` is the span's parent.
+    #[arg(long, value_name = "URL")]
+    pub otlp_traces_endpoint: Option<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -149,6 +156,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         bail!("--drain-timeout must be a non-negative number of seconds");
     }
     let http = http_limits(&args)?;
+    let otlp = match &args.otlp_traces_endpoint {
+        Some(url) => {
+            let protocol = otel::Protocol::from_env().map_err(anyhow::Error::msg)?;
+            Some(otel::ExportConfig::new(url, protocol).map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
     let kv_events = match &args.kv_events_config {
         Some(json) => {
             KvEventsConfig::parse(json).map_err(|e| anyhow::anyhow!("--kv-events-config: {e}"))?
@@ -202,15 +216,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let address = listener.local_addr()?;
         tracing::info!(%address, "listening (503 until the model is loaded)");
         let ready = async move {
-            load_state(args, model, config, kv_events)
+            load_state(args, model, config, kv_events, otlp)
                 .await
                 .map_err(|e| format!("{e:#}"))
         };
         let stop = tokenmill_server::shutdown_signal();
         tokenmill_server::serve_when_ready(listener, http, ready, stop).await?;
-        tracing::info!("bye");
-        Ok(())
-    })
+        Ok::<_, anyhow::Error>(())
+    })?;
+    // The spans of the last requests are still queued: send them before exiting.
+    otel::shutdown();
+    tracing::info!("bye");
+    Ok(())
 }
 
 /// The connection limits of the flags (each timeout a positive number of seconds).
@@ -242,6 +259,7 @@ async fn load_state(
     model: PathBuf,
     config: ServerConfig,
     kv_events: Option<KvEventsConfig>,
+    otlp: Option<otel::ExportConfig>,
 ) -> anyhow::Result<tokenmill_server::SharedState> {
     let engine_config = args.engine.config()?;
     let path = model.clone();
@@ -291,7 +309,17 @@ async fn load_state(
     {
         tokenmill_trace::set_metadata("model_shape", serde_json::to_value(shape)?);
     }
-    let state = AppState::new(config, loaded.engine, pool).with_profile_dir(args.profile_dir);
+    let otel = match &otlp {
+        Some(c) => {
+            let t = otel::start(c).map_err(anyhow::Error::msg)?;
+            tracing::info!(endpoint = %c.endpoint, protocol = ?c.protocol, "otlp traces: exporting");
+            Some(t)
+        }
+        None => None,
+    };
+    let state = AppState::new(config, loaded.engine, pool)
+        .with_profile_dir(args.profile_dir)
+        .with_otel(otel);
     Ok(Arc::new(state))
 }
 

@@ -34,7 +34,7 @@ fn spawn_env(
     subcommand: &str,
     marker: &'static str,
     args: &[&str],
-    env: &[(&str, &std::path::Path)],
+    env: &[(&str, &std::ffi::OsStr)],
 ) -> Server {
     // The binary finds the default model itself; make sure it is there.
     tokenmill_testutil::model_path();
@@ -182,7 +182,12 @@ fn serve_a_hugging_face_id_under_its_name() {
     tokenmill_testutil::hf_cache_with_default_model(hub.path());
     let id = "HuggingFaceTB/SmolLM2-135M-Instruct:Q4_1";
     let args = [&["--port", "0", "--model", id], SMALL].concat();
-    let mut s = spawn_env("serve", "serving", &args, &[("HF_HUB_CACHE", hub.path())]);
+    let mut s = spawn_env(
+        "serve",
+        "serving",
+        &args,
+        &[("HF_HUB_CACHE", hub.path().as_os_str())],
+    );
     let rt = rt();
     let c = reqwest::Client::new();
     let models: Value = rt
@@ -534,11 +539,26 @@ fn run_openai_client_script(script: &str) {
 
 /// [`run_openai_client_script`] with more `serve` flags and more arguments for the script.
 fn run_openai_client_script_with(script: &str, serve_args: &[&str], script_args: &[&str]) {
+    run_openai_client_script_env(script, serve_args, script_args, &[]);
+}
+
+/// [`run_openai_client_script_with`] with environment variables for the server.
+fn run_openai_client_script_env(
+    script: &str,
+    serve_args: &[&str],
+    script_args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) {
     let root = tokenmill_testutil::workspace_root();
     let python = install_deps("test-deps.sh");
     let base = ["--port", "0", "--served-model-name", "smollm2"];
     // Later flags win: `serve_args` may override `SMALL`'s.
-    let mut s = spawn(&[&base, SMALL, serve_args].concat());
+    let mut s = spawn_env(
+        "serve",
+        "serving",
+        &[&base, SMALL, serve_args].concat(),
+        env,
+    );
     let out = Command::new(python)
         .arg(root.join("tests/openai_client").join(script))
         .arg(&s.base)
@@ -903,4 +923,265 @@ fn serve_with_a_tokenizer_server_endpoint() {
     assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
     tok.sigterm();
     assert_eq!(tok.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
+/// `serve --otlp-traces-endpoint` over OTLP/HTTP protobuf, received by an independent
+/// Python receiver (`opentelemetry-proto`'s classes decode the bodies) while the official
+/// `openai` client sends the requests (`tests/openai_client/test_otlp.py`).
+#[test]
+fn otlp_traces_over_http_protobuf_to_an_independent_receiver() {
+    let port = free_port().to_string();
+    let endpoint = format!("http://127.0.0.1:{port}/v1/traces");
+    let env = [
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "http/protobuf".as_ref(),
+        ),
+        // Batches every 200 ms rather than 5 s: the test waits for each span.
+        ("OTEL_BSP_SCHEDULE_DELAY", "200".as_ref()),
+    ];
+    run_openai_client_script_env(
+        "test_otlp.py",
+        &["--otlp-traces-endpoint", &endpoint],
+        &[&port],
+        &env,
+    );
+}
+
+/// An OTLP/gRPC collector inside the test: opentelemetry-proto's generated service decodes
+/// every export, and the spans are kept.
+#[derive(Clone, Default)]
+struct Collector(std::sync::Arc<std::sync::Mutex<Vec<otlp_trace::Span>>>);
+
+use opentelemetry_proto::tonic::collector::trace::v1 as otlp_collector;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use opentelemetry_proto::tonic::trace::v1 as otlp_trace;
+
+#[tonic::async_trait]
+impl otlp_collector::trace_service_server::TraceService for Collector {
+    async fn export(
+        &self,
+        req: tonic::Request<otlp_collector::ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<otlp_collector::ExportTraceServiceResponse>, tonic::Status> {
+        let mut spans = self.0.lock().unwrap();
+        for rs in req.into_inner().resource_spans {
+            let service = rs
+                .resource
+                .iter()
+                .flat_map(|r| &r.attributes)
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref()?.value.clone());
+            assert_eq!(service, Some(AnyValue::StringValue("tokenmill".into())));
+            spans.extend(rs.scope_spans.into_iter().flat_map(|s| s.spans));
+        }
+        Ok(tonic::Response::new(
+            otlp_collector::ExportTraceServiceResponse::default(),
+        ))
+    }
+}
+
+impl Collector {
+    fn spans(&self) -> Vec<otlp_trace::Span> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// The `llm_request` spans whose `gen_ai.request.id` is `id`.
+    fn requests(&self, id: &str) -> Vec<otlp_trace::Span> {
+        let want = AnyValue::StringValue(id.into());
+        self.spans()
+            .into_iter()
+            .filter(|s| s.name == "llm_request" && attr(s, "gen_ai.request.id") == Some(&want))
+            .collect()
+    }
+
+    /// Waits up to a minute for `n` request spans of `id`.
+    fn wait_for(&self, id: &str, n: usize) -> Vec<otlp_trace::Span> {
+        let t = Instant::now();
+        loop {
+            let got = self.requests(id);
+            if got.len() >= n || t.elapsed() > Duration::from_secs(60) {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn attr<'a>(s: &'a otlp_trace::Span, key: &str) -> Option<&'a AnyValue> {
+    s.attributes
+        .iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+}
+
+fn int_attr(s: &otlp_trace::Span, key: &str) -> i64 {
+    match attr(s, key) {
+        Some(AnyValue::IntValue(v)) => *v,
+        other => panic!("{key}: {other:?}"),
+    }
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+/// `serve --otlp-traces-endpoint` (gRPC, the default protocol) against a real OTLP receiver:
+/// a streamed chat request under a client's `traceparent` becomes an `llm_request` span in
+/// that trace, child of the client's span, with vLLM's attributes and `queue` → `prefill` →
+/// `decode` children that tile it; `n` = 2 makes a span per choice; a `traceparent` whose
+/// sampled flag is off exports nothing; and the last request's span is flushed at SIGTERM.
+#[test]
+fn otlp_traces_over_grpc_follow_the_clients_traceparent() {
+    let rt = rt();
+    let collector = Collector::default();
+    let port = free_port();
+    let svc = otlp_collector::trace_service_server::TraceServiceServer::new(collector.clone());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let receiver = rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_shutdown(addr, async {
+                let _ = stop_rx.await;
+            }),
+    );
+    let endpoint = format!("http://127.0.0.1:{port}");
+    let mut s = spawn(
+        &[
+            &["--port", "0", "--served-model-name", "smollm2"],
+            SMALL,
+            &["--otlp-traces-endpoint", &endpoint],
+        ]
+        .concat(),
+    );
+    let c = reqwest::Client::new();
+    let post = |path: &str, id: &str, traceparent: Option<&str>, body: Value| {
+        let mut r = c
+            .post(format!("{}{path}", s.base))
+            .header("x-request-id", id)
+            .json(&body);
+        if let Some(tp) = traceparent {
+            r = r.header("traceparent", tp);
+        }
+        let resp = rt.block_on(r.send()).unwrap();
+        assert_eq!(resp.status(), 200);
+        rt.block_on(resp.text()).unwrap()
+    };
+    let (trace_id, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
+    let body = post(
+        "/v1/chat/completions",
+        "otel-chat",
+        Some(&format!("00-{trace_id}-{parent}-01")),
+        json!({"model": "smollm2", "messages": [{"role": "user", "content": "Say hi."}],
+               "max_tokens": 8, "ignore_eos": true, "stream": true,
+               "stream_options": {"include_usage": true}}),
+    );
+    let usage: Value = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|v| v["usage"].is_object())
+        .unwrap()["usage"]
+        .clone();
+    post(
+        "/v1/completions",
+        "otel-n2",
+        None,
+        json!({"model": "smollm2", "prompt": "One, two,", "max_tokens": 5, "n": 2,
+               "temperature": 0.8, "seed": 3}),
+    );
+    let unsampled = "0af7651916cd43dd8448eb211c80319c";
+    post(
+        "/v1/completions",
+        "otel-unsampled",
+        Some(&format!("00-{unsampled}-b7ad6b7169203331-00")),
+        json!({"model": "smollm2", "prompt": "Three,", "max_tokens": 3}),
+    );
+
+    // Exported while the server runs (the batch processor's schedule).
+    let chat = collector.wait_for("otel-chat", 1);
+    assert_eq!(chat.len(), 1, "{:?}", collector.spans());
+    let req = &chat[0];
+    assert_eq!(req.trace_id, hex(trace_id));
+    assert_eq!(req.parent_span_id, hex(parent));
+    assert_eq!(req.kind, otlp_trace::span::SpanKind::Server as i32);
+    let status = req.status.as_ref().unwrap();
+    assert_eq!(status.code, otlp_trace::status::StatusCode::Ok as i32);
+    assert_eq!(
+        attr(req, "gen_ai.response.model"),
+        Some(&AnyValue::StringValue("smollm2".into()))
+    );
+    assert_eq!(
+        attr(req, "gen_ai.response.finish_reasons"),
+        Some(&AnyValue::StringValue("length".into()))
+    );
+    assert_eq!(
+        int_attr(req, "gen_ai.usage.prompt_tokens"),
+        usage["prompt_tokens"].as_i64().unwrap()
+    );
+    assert_eq!(int_attr(req, "gen_ai.usage.completion_tokens"), 8);
+    assert_eq!(int_attr(req, "gen_ai.request.max_tokens"), 8);
+    // queue, prefill, decode: children of the request span that tile it, in that order.
+    let mut children: Vec<_> = collector
+        .spans()
+        .into_iter()
+        .filter(|c| c.parent_span_id == req.span_id)
+        .collect();
+    children.sort_by_key(|c| c.start_time_unix_nano);
+    let names: Vec<&str> = children.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["queue", "prefill", "decode"]);
+    assert!(children.iter().all(|c| c.trace_id == req.trace_id));
+    assert_eq!(children[0].start_time_unix_nano, req.start_time_unix_nano);
+    assert_eq!(
+        children[0].end_time_unix_nano,
+        children[1].start_time_unix_nano
+    );
+    assert_eq!(
+        children[1].end_time_unix_nano,
+        children[2].start_time_unix_nano
+    );
+    assert_eq!(children[2].end_time_unix_nano, req.end_time_unix_nano);
+    assert!(
+        children
+            .iter()
+            .all(|c| c.start_time_unix_nano <= c.end_time_unix_nano)
+    );
+    assert!(children[1].end_time_unix_nano > children[1].start_time_unix_nano);
+    let ttft = match attr(req, "gen_ai.latency.time_to_first_token") {
+        Some(AnyValue::DoubleValue(v)) => *v,
+        other => panic!("{other:?}"),
+    };
+    let spans_ttft = (children[1].end_time_unix_nano - req.start_time_unix_nano) as f64 / 1e9;
+    assert!((ttft - spans_ttft).abs() < 1e-5, "{ttft} vs {spans_ttft}");
+
+    // n = 2: a span per choice, each a root (no traceparent came).
+    let n2 = collector.wait_for("otel-n2", 2);
+    let mut choices: Vec<i64> = n2
+        .iter()
+        .map(|s| int_attr(s, "tokenmill.choice_index"))
+        .collect();
+    choices.sort();
+    assert_eq!(choices, [0, 1]);
+    assert!(n2.iter().all(|s| s.parent_span_id.is_empty()));
+    assert_eq!(int_attr(&n2[0], "gen_ai.request.n"), 2);
+
+    // The last request's span leaves with the server: SIGTERM flushes the queue.
+    post(
+        "/v1/completions",
+        "otel-last",
+        None,
+        json!({"model": "smollm2", "prompt": "Four,", "max_tokens": 3}),
+    );
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+    assert_eq!(collector.requests("otel-last").len(), 1);
+    // Not sampled by the caller: nothing of it was exported.
+    assert!(collector.requests("otel-unsampled").is_empty());
+    let unsampled = hex(unsampled);
+    assert!(collector.spans().iter().all(|s| s.trace_id != unsampled));
+    let _ = stop_tx.send(());
+    rt.block_on(receiver).unwrap().unwrap();
 }
