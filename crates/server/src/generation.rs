@@ -279,11 +279,7 @@ impl ChoiceRunner {
                     first_token: self.first_token,
                     end: Instant::now(),
                     completion_tokens: self.num_tokens,
-                    finish_reason: reason.and_then(|r| match r {
-                        FinishReason::Stop => Some("stop"),
-                        FinishReason::Length => Some("length"),
-                        FinishReason::Abort => None,
-                    }),
+                    finish_reason: reason,
                     error: self.error.take(),
                 });
             }

@@ -33,6 +33,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 
 use crate::state::SharedState;
+use tokenmill_engine::FinishReason;
 
 /// How spans travel to the collector.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -178,8 +179,8 @@ pub struct Timings {
     pub first_token: Option<Instant>,
     pub end: Instant,
     pub completion_tokens: usize,
-    /// The finish reason, or `None` when the request was aborted or failed.
-    pub finish_reason: Option<&'static str>,
+    /// The finish reason; `None` (or `Abort`) when the request was aborted or failed.
+    pub finish_reason: Option<FinishReason>,
     pub error: Option<String>,
 }
 
@@ -221,8 +222,10 @@ impl RequestSpan {
         if let Some(c) = a.choice {
             attrs.push(KeyValue::new("tokenmill.choice_index", c as i64));
         }
-        if let Some(r) = t.finish_reason {
-            attrs.push(KeyValue::new("gen_ai.response.finish_reasons", r));
+        let finished = t.finish_reason.filter(|&r| r != FinishReason::Abort);
+        if let Some(r) = finished {
+            let name = crate::output::finish_reason_str(r);
+            attrs.push(KeyValue::new("gen_ai.response.finish_reasons", name));
         }
         // The engine's queue time runs from its own arrival, a moment after ours.
         let first = t.first_token.map(|f| f.max(t0));
@@ -253,7 +256,7 @@ impl RequestSpan {
             .with_start_time(wall0)
             .with_attributes(attrs)
             .start_with_context(&self.tracer, &self.parent);
-        match (&t.error, t.finish_reason) {
+        match (&t.error, finished) {
             (Some(e), _) => span.set_status(Status::error(e.clone())),
             (None, None) => span.set_status(Status::error("aborted")),
             (None, Some(_)) => span.set_status(Status::Ok),

@@ -116,11 +116,16 @@ pub struct Finish {
 impl Finish {
     /// OpenAI's `finish_reason`.
     pub fn as_str(&self) -> &'static str {
-        match self.reason {
-            FinishReason::Stop => "stop",
-            FinishReason::Length => "length",
-            FinishReason::Abort => "abort",
-        }
+        finish_reason_str(self.reason)
+    }
+}
+
+/// OpenAI's name of a finish reason (`abort` is vLLM's).
+pub fn finish_reason_str(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
     }
 }
 
