@@ -259,6 +259,11 @@ fn bench_attention(c: &mut Criterion) {
     // SmolLM2's 30 layers of K/V for 32 sequences (283 MB): the memory-bound batched decode.
     bench_attention_case(&mut g, "decode_b32_ctx192_30_layers", (32, 192, 1), 30);
     bench_attention_case(&mut g, "prefill_512", (1, 512, 512), 1);
+    // A speculative verification chunk (the last token and five drafts) beside a plain
+    // decode of the same context.
+    bench_attention_case(&mut g, "decode_b1_ctx128", (1, 128, 1), 1);
+    bench_attention_case(&mut g, "decode_b1_ctx320", (1, 320, 1), 1);
+    bench_attention_case(&mut g, "verify6_b1_ctx320", (1, 320, 6), 1);
     g.finish();
 }
 

@@ -51,8 +51,11 @@ use crate::dispatch::{AttnKernels, Kernels, kernels};
 use crate::pool::{SyncPtr, ThreadPool, global};
 use plan::{Mode, SeqPlan, TaskSize};
 
-/// Calls with less work (query rows × keys × head dim, ~15 µs on one core) run on the caller.
-const INLINE_WORK: usize = 1 << 18;
+/// Calls with less work (query rows × keys × head dim, ~4 µs on one core: a single decode of
+/// SmolLM2's 9 heads over ~110 keys) run on the caller. Above it two threads win even for one
+/// decode row: 26.4 → 18.0 µs at 320 keys (`cargo bench -p tokenmill-kernels --bench kernels
+/// -- attention/decode_b1`), and more where the K/V comes from memory.
+const INLINE_WORK: usize = 1 << 16;
 
 /// Head geometry of an attention layer.
 #[derive(Clone, Copy, Debug)]
@@ -276,8 +279,8 @@ pub fn attention_with<S: AttnSeqs + ?Sized, T: KvElem>(
         let covered = s.block_table.len() * kv.layout.block_size;
         assert!(covered >= s.start_pos + s.n_q, "block table of chunk {i}");
     }
-    let (n_tasks, n_slots) = scratch.plan(seqs, shape);
     let (size, threads) = (TaskSize::of(shape), pool.num_threads());
+    let (n_tasks, n_slots) = scratch.plan(seqs, shape, threads);
     let AttnScratch {
         plan,
         parts,

@@ -87,9 +87,23 @@ impl TaskSize {
     }
 }
 
-/// Query tokens per prefill task.
+/// Query tokens per prefill task (at most).
 fn prefill_q_tile(shape: &AttnShape) -> usize {
     (PREFILL_ROWS / shape.group()).max(1)
+}
+
+/// Query tokens per task of a chunk of `n_q` tokens on `threads` threads: [`prefill_q_tile`],
+/// or fewer where the chunk would otherwise give the pool fewer than two tasks per thread —
+/// a speculative verification chunk (a decode and its few drafts) is one tile of
+/// [`prefill_q_tile`] tokens per KV head, which leaves threads idle (3 tasks on 2 threads).
+/// The tile size never changes a result: every row runs through the kernel on its own.
+fn chunk_q_tile(shape: &AttnShape, n_q: usize, threads: usize) -> usize {
+    let tile = prefill_q_tile(shape);
+    let want_tiles = (2 * threads).div_ceil(shape.n_kv_heads);
+    if n_q.div_ceil(tile) >= want_tiles {
+        return tile;
+    }
+    n_q.div_ceil(want_tiles).clamp(1, tile)
 }
 
 impl AttnScratch {
@@ -110,10 +124,10 @@ impl AttnScratch {
         &mut self,
         seqs: &S,
         shape: &AttnShape,
+        threads: usize,
     ) -> (usize, usize) {
         self.plan.clear();
         let (mut task0, mut q_row, mut part0) = (0, 0, 0);
-        let q_tile = prefill_q_tile(shape);
         for i in 0..seqs.num_seqs() {
             let s = seqs.seq(i);
             let (mode, n_tasks) = if s.n_q == 1 {
@@ -124,6 +138,7 @@ impl AttnScratch {
                 }
                 (mode, shape.n_kv_heads * n_seg)
             } else {
+                let q_tile = chunk_q_tile(shape, s.n_q, threads);
                 let n_qt = s.n_q.div_ceil(q_tile);
                 (Mode::Prefill { q_tile, n_qt }, shape.n_kv_heads * n_qt)
             };
