@@ -61,14 +61,7 @@ pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
         l.fill(0.0);
         acc.fill(0.0);
         let n_tiles = (pos0 + n_tok).div_ceil(KEY_TILE);
-        // As a decode task does: the next tile's K/V loads in flight while this one is
-        // computed (a verification chunk's few rows take little time per tile, so its context
-        // streams from memory as a decode's does).
-        ctx.kv.prefetch_tile(table, g, 0);
         for tile in 0..n_tiles {
-            if tile + 1 < n_tiles {
-                ctx.kv.prefetch_tile(table, g, tile + 1);
-            }
             let k0 = tile * KEY_TILE;
             // Tokens before `first` (positions < k0) see no key of this tile.
             let first = k0.saturating_sub(pos0);
