@@ -43,11 +43,20 @@ pub enum Tier {
     AvxVnni,
     /// AVX-512 F + BW + VL + VNNI (and AVX2 + FMA + F16C): EVEX `vpdpbusd`.
     Avx512Vnni,
+    /// [`Tier::Avx512Vnni`] plus AMX-TILE + AMX-INT8 (Sapphire Rapids and later), with the
+    /// tile state granted by Linux: matmuls of many activation rows on int8 tiles.
+    Amx,
 }
 
 impl Tier {
     /// Every tier, fastest first.
-    pub const ALL: [Tier; 4] = [Tier::Avx512Vnni, Tier::AvxVnni, Tier::Avx2, Tier::Scalar];
+    pub const ALL: [Tier; 5] = [
+        Tier::Amx,
+        Tier::Avx512Vnni,
+        Tier::AvxVnni,
+        Tier::Avx2,
+        Tier::Scalar,
+    ];
 
     /// Whether this CPU has the tier's features (runs feature detection: call it when building
     /// a table, not per op).
@@ -66,6 +75,7 @@ impl Tier {
                         && has!("avx512vl")
                         && has!("avx512vnni")
                 }
+                Tier::Amx => Tier::Avx512Vnni.is_supported() && amx_status().is_ok(),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -94,7 +104,35 @@ impl Tier {
             Tier::Avx2 => "avx2",
             Tier::AvxVnni => "avx-vnni",
             Tier::Avx512Vnni => "avx512-vnni",
+            Tier::Amx => "amx",
         }
+    }
+
+    /// Why the AMX tier is unavailable on this machine, or `Ok` when it is.
+    pub fn amx_status() -> Result<(), &'static str> {
+        amx_status()
+    }
+}
+
+/// Whether the AMX tier can run: the CPU reports AMX-TILE and AMX-INT8 and Linux granted this
+/// process the tile state (asked once, on first call); else why not.
+fn amx_status() -> Result<(), &'static str> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static STATUS: OnceLock<Result<(), &'static str>> = OnceLock::new();
+        *STATUS.get_or_init(|| {
+            if !crate::simd::x86::amx::cpu_has_amx_int8() {
+                Err("the CPU reports no AMX-TILE/AMX-INT8")
+            } else if !crate::simd::x86::amx::request_permission() {
+                Err("Linux refused the AMX tile state (arch_prctl ARCH_REQ_XCOMP_PERM)")
+            } else {
+                Ok(())
+            }
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        Err("not an x86-64 CPU")
     }
 }
 
@@ -379,6 +417,8 @@ impl Kernels {
             Tier::AvxVnni => crate::simd::x86::tiers::avx_vnni::fns(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx512Vnni => crate::simd::x86::tiers::avx512_vnni::fns(),
+            #[cfg(target_arch = "x86_64")]
+            Tier::Amx => crate::simd::x86::tiers::amx_int8::fns(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("only the scalar tier is supported off x86-64"),
         };
@@ -388,6 +428,12 @@ impl Kernels {
     /// This table's tier.
     pub fn tier(&self) -> Tier {
         self.tier
+    }
+
+    /// The AMX matmul kernels (the AMX tier only).
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn amx(&self) -> Option<crate::simd::AmxFns> {
+        self.fns.amx
     }
 
     /// The integer dot kernel of weight type `ty` against activation format `act`, or `None`

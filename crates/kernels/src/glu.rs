@@ -59,6 +59,10 @@ pub fn matmul_silu_mul_with(
     let (Some(kg), Some(ku)) = kern else {
         return unfused(pool, kernels, x, gate, up, out);
     };
+    #[cfg(target_arch = "x86_64")]
+    if crate::matmul::amx_for(kernels, &[*gate, *up], n_tokens).is_some() {
+        return on_tiles(pool, kernels, x, gate, up, out);
+    }
     if kg.act != ku.act || gate.row_align() != up.row_align() || k == 0 || n_tokens == 0 {
         return unfused(pool, kernels, x, gate, up, out);
     }
@@ -117,6 +121,38 @@ pub fn matmul_silu_mul_with(
     });
 }
 
+/// On the AMX tier's tiles: gate and up as one fused matmul into `[n_tokens, 2 · n]` (the
+/// tiles want every activation row against each weight group, which the row-tiled fused path
+/// above does not give them), then the SiLU pass over token rows on the pool.
+#[cfg(target_arch = "x86_64")]
+fn on_tiles(
+    pool: &ThreadPool,
+    kernels: &Kernels,
+    x: &[f32],
+    gate: &QMatrix<'_>,
+    up: &QMatrix<'_>,
+    out: &mut [f32],
+) {
+    let n = gate.rows;
+    let n_tokens = out.len() / n;
+    GATE_UP.with_borrow_mut(|buf| {
+        if buf.len() < 2 * out.len() {
+            buf.resize(2 * out.len(), 0.0);
+        }
+        let gu = &mut buf[..2 * out.len()];
+        crate::matmul::matmul_multi_with(pool, kernels, x, &[*gate, *up], gu);
+        let gu = &*gu;
+        let rows_per_task = n_tokens.div_ceil(pool.num_threads() * 2).max(1);
+        crate::pool::parallel_chunks_mut(pool, out, rows_per_task * n, |i, o| {
+            for (j, o) in o.chunks_exact_mut(n).enumerate() {
+                let t = i * rows_per_task + j;
+                let (g, u) = gu[t * 2 * n..(t + 1) * 2 * n].split_at(n);
+                kernels.silu_mul(g, u, o);
+            }
+        });
+    });
+}
+
 /// Two matmuls and one SiLU pass (float or mixed-format weights).
 fn unfused(
     pool: &ThreadPool,
@@ -167,6 +203,36 @@ mod tests {
                 let (wg, wu) = (weights(&mut rng, ty, n, k), weights(&mut rng, ty, n, k));
                 let gate = QMatrix::new(ty, n, k, &wg);
                 let up = QMatrix::new(ty, n, k, &wu);
+                let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
+                for tier in Tier::supported() {
+                    let kern = Kernels::new(tier).unwrap();
+                    let mut fused = vec![f32::NAN; n_tok * n];
+                    matmul_silu_mul_with(&pool, &kern, &x, &gate, &up, &mut fused);
+                    let (mut g, mut u) = (vec![0f32; n_tok * n], vec![0f32; n_tok * n]);
+                    matmul_with(&pool, &kern, &x, &gate, &mut g);
+                    matmul_with(&pool, &kern, &x, &up, &mut u);
+                    let mut want = vec![0f32; n_tok * n];
+                    kern.silu_mul(&g, &u, &mut want);
+                    assert!(fused == want, "{ty} {tier} {n_tok}x{n}");
+                }
+            }
+        }
+    }
+
+    /// The same on Rows16 weights with enough token rows for the AMX tier's tiles (where the
+    /// CPU has them; the other tiers run their fused path).
+    #[test]
+    fn rows16_fused_matches_unfused_composition_on_every_tier() {
+        use crate::qmatrix::PackedMatrix;
+        let mut rng = SplitMix64::new(6);
+        let pool = ThreadPool::new(2);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0] {
+            let k = 96;
+            for (n_tok, n) in [(16, 48), (33, 100)] {
+                let (wg, wu) = (weights(&mut rng, ty, n, k), weights(&mut rng, ty, n, k));
+                let gate = PackedMatrix::pack(&QMatrix::new(ty, n, k, &wg)).unwrap();
+                let up = PackedMatrix::pack(&QMatrix::new(ty, n, k, &wu)).unwrap();
+                let (gate, up) = (gate.view(), up.view());
                 let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
                 for tier in Tier::supported() {
                     let kern = Kernels::new(tier).unwrap();

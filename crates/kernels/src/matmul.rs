@@ -42,6 +42,8 @@ use crate::dispatch::{DotKernel, Kernels, kernels};
 use crate::pool::{SyncPtr, ThreadPool, global, parallel_chunks_mut};
 pub use crate::qmatrix::{Layout, PackedMatrix, QMatrix};
 use crate::quant::GgmlType;
+#[cfg(target_arch = "x86_64")]
+use crate::quant::rows16::GROUP;
 
 /// Target bytes of the weight tile swept against each group of token rows (fits L1).
 const TILE_BYTES: usize = 16 * 1024;
@@ -61,7 +63,14 @@ thread_local! {
     static ACT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     /// The float path's tile of weight rows converted to f32, per thread (grows only).
     static ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The AMX path's activations in its tile layout, on the calling thread (grows only).
+    #[cfg(target_arch = "x86_64")]
+    static AMX_ACT: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
+
+/// Fewest activation rows the AMX tier's matmul takes (fewer run on its AVX-512 VNNI kernels).
+#[cfg(target_arch = "x86_64")]
+const AMX_MIN_ROWS: usize = 16;
 
 /// How the `n` weight rows are cut into tasks and tiles.
 #[derive(Clone, Copy, Debug)]
@@ -181,6 +190,22 @@ pub fn matmul_multi_with(
         // Every part is `Some`; entries past `ws.len()` repeat the last (and are not run).
         let parts: [Part<'_>; MAX_PARTS] =
             std::array::from_fn(|i| parts[i.min(ws.len() - 1)].expect("fused parts"));
+        #[cfg(target_arch = "x86_64")]
+        if let Some(amx) = amx_for(kernels, ws, n_tokens) {
+            // SAFETY: as below.
+            unsafe {
+                matmul_amx(
+                    pool,
+                    &amx,
+                    &parts[..ws.len()],
+                    x,
+                    out_ptr,
+                    n_tokens,
+                    n_total,
+                )
+            };
+            return;
+        }
         // SAFETY: `out` is [n_tokens, n_total] and mutably borrowed for the whole call.
         unsafe { matmul_quantized(pool, &parts[..ws.len()], x, out_ptr, n_tokens, n_total) };
         return;
@@ -287,6 +312,104 @@ unsafe fn matmul_quantized(
                 }
                 tile0 = tile1;
             }
+        });
+    });
+}
+
+/// The AMX kernels a matmul of `ws` over `n_tokens` activation rows runs on, if any: on the
+/// AMX tier, from [`AMX_MIN_ROWS`] rows, when every matrix is Rows16 of a type they cover.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn amx_for(
+    kernels: &Kernels,
+    ws: &[QMatrix<'_>],
+    n_tokens: usize,
+) -> Option<crate::simd::AmxFns> {
+    let amx = kernels.amx()?;
+    let covered = ws
+        .iter()
+        .all(|w| w.layout == Layout::Rows16 && amx.groups[w.ty as usize].is_some());
+    (n_tokens >= AMX_MIN_ROWS && covered).then_some(amx)
+}
+
+/// The AMX tier's integer path: the activations quantized to A16 as for the other tiers,
+/// split into the tile layout once ([`crate::simd::x86::amx`]), then the parts' weight groups
+/// claimed by the pool's threads in the chunks of each part's plan, every group run against
+/// every activation row. Bit-identical to [`matmul_quantized`] on the AVX-512 VNNI kernels.
+///
+/// # Safety
+///
+/// As [`matmul_quantized`]; every part is Rows16 of a type `amx.groups` has.
+#[cfg(target_arch = "x86_64")]
+unsafe fn matmul_amx(
+    pool: &ThreadPool,
+    amx: &crate::simd::AmxFns,
+    parts: &[Part<'_>],
+    x: &[f32],
+    out: SyncPtr<f32>,
+    n_tokens: usize,
+    out_stride: usize,
+) {
+    use crate::simd::x86::amx::{ACT_TILE_BYTES, AmxJob, TILE_M};
+    let k = parts[0].w.cols;
+    let nb = k / parts[0].kern.block_size;
+    with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
+        AMX_ACT.with_borrow_mut(|buf| {
+            let bytes = n_tokens.div_ceil(TILE_M) * nb * ACT_TILE_BYTES;
+            if buf.len() < bytes {
+                buf.resize(bytes, 0);
+            }
+            // Whole row tiles per task.
+            let m_tiles = n_tokens.div_ceil(TILE_M);
+            let per_task = m_tiles.div_ceil(pool.num_threads() * 2);
+            parallel_chunks_mut(
+                pool,
+                &mut buf[..bytes],
+                per_task * nb * ACT_TILE_BYTES,
+                |i, dst| {
+                    let t0 = i * per_task * TILE_M;
+                    let rows = (n_tokens - t0).min(per_task * TILE_M);
+                    // SAFETY: `act` holds rows t0..t0 + rows of a_row bytes, `dst` the tile layout
+                    // of exactly those rows' tiles; the table exists only on a CPU with the AMX
+                    // tier's features.
+                    unsafe {
+                        (amx.split)(
+                            act[t0 * a_row..].as_ptr(),
+                            a_row,
+                            rows,
+                            nb,
+                            dst.as_mut_ptr(),
+                        )
+                    };
+                },
+            );
+            let tiles = SyncPtr(buf.as_mut_ptr());
+            let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
+            pool.parallel_for(n_tasks, |mut task| {
+                let mut pi = 0;
+                while task >= parts[pi].plan.n_tasks {
+                    task -= parts[pi].plan.n_tasks;
+                    pi += 1;
+                }
+                let Part { w, col, plan, .. } = parts[pi];
+                let r0 = task * plan.chunk;
+                let r1 = w.rows.min(r0 + plan.chunk);
+                let job = AmxJob {
+                    nb,
+                    w: w.data.as_ptr(),
+                    rows: w.rows,
+                    act: tiles.get().cast_const(),
+                    n_rows: n_tokens,
+                    // SAFETY: column `col` of row 0 is inside `out` (the caller's contract).
+                    out: unsafe { out.get().add(col) },
+                    out_stride,
+                };
+                let groups = amx.groups[w.ty as usize].expect("checked by the caller");
+                // SAFETY: rows r0..r1 (whole groups: the plan is aligned to them) of this part
+                // belong to this task alone; the weights hold every stored group, the tiles
+                // every activation row; the AMX tier's CPU features and tile permission were
+                // checked when the table was made.
+                unsafe { groups(&job, r0 / GROUP, r1.div_ceil(GROUP)) };
+            });
         });
     });
 }

@@ -87,6 +87,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         path.file_name().unwrap_or_default().to_string_lossy(),
         tokenmill_kernels::pool::global().num_threads(),
     );
+    println!("kernels: {}", crate::kernels_summary());
     println!(
         "{:<12} {:>8} {:>10} {:>10} {:>9} {:>8}  op share",
         "test", "tokens", "ms", "tok/s", "GFLOP/s", "GB/s"

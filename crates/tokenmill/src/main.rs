@@ -93,11 +93,32 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// Sizes the kernels' thread pool before first use (default: every core).
+/// Sizes the kernels' thread pool before first use (default: every core), and fixes the
+/// kernel tier when `TOKENMILL_KERNELS` names one (`amx`, `avx512-vnni`, `avx-vnni`, `avx2`,
+/// `scalar`; default: the best this CPU supports).
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads
         && !tokenmill_kernels::pool::set_num_threads(n.max(1))
     {
         eprintln!("warning: the thread pool was already started; --threads {n} is ignored");
+    }
+    if let Ok(name) = std::env::var("TOKENMILL_KERNELS") {
+        use tokenmill_kernels::dispatch::{Tier, init_kernels};
+        match Tier::ALL.into_iter().find(|t| t.name() == name) {
+            Some(t) if init_kernels(t) => {}
+            Some(t) => eprintln!("warning: TOKENMILL_KERNELS={t}: not supported here; ignored"),
+            None => eprintln!("warning: TOKENMILL_KERNELS={name}: no such kernel tier; ignored"),
+        }
+    }
+}
+
+/// Which kernel tier runs, and why not AMX when it is not (for logs and reports).
+pub fn kernels_summary() -> String {
+    use tokenmill_kernels::dispatch::{Tier, kernels};
+    let tier = kernels().tier();
+    match Tier::amx_status() {
+        _ if tier == Tier::Amx => format!("{tier} (AMX int8 tiles from 16 rows a matmul)"),
+        Ok(()) => format!("{tier} (AMX available; TOKENMILL_KERNELS chose {tier})"),
+        Err(why) => format!("{tier} (no AMX: {why})"),
     }
 }

@@ -267,6 +267,7 @@ async fn load_state(
     for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
+    tracing::info!(kernels = %crate::kernels_summary(), "kernel tier");
     let mut pool = TokenizerPool::new(loaded.tokenizer.clone(), config.tokenizer_workers);
     if let Some(url) = &args.tokenizer_endpoint {
         let remote = RemoteTokenizer::connect(url)

@@ -126,6 +126,18 @@ pub struct TierFns {
     pub attn_lanes: usize,
     /// SiLU-gated product.
     pub silu_mul: attn::SiluMulFn,
+    /// The AMX matmul of Rows16 weights (the AMX tier only).
+    #[cfg(target_arch = "x86_64")]
+    pub amx: Option<AmxFns>,
+}
+
+/// The AMX tier's matmul kernels ([`x86::amx`]): the activation splitter and, by weight type,
+/// the group runner of Rows16 weights (Q4_0, Q4_1, Q8_0).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub struct AmxFns {
+    pub split: x86::amx::AmxSplitFn,
+    pub groups: [Option<x86::amx::AmxGroupsFn>; 15],
 }
 
 impl TierFns {

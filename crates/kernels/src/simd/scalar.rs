@@ -243,5 +243,7 @@ pub fn fns() -> TierFns {
         attn_merge: super::attn::attn_merge,
         attn_lanes: 1,
         silu_mul: super::attn::silu_mul,
+        #[cfg(target_arch = "x86_64")]
+        amx: None,
     }
 }

@@ -14,6 +14,9 @@
 //! * [`quantize`]: Q8_0/Q8_1 activation quantizers (byte-identical to the reference) and the
 //!   f32 dot;
 //! * [`attn`]: attention tiles, merge and the SiLU gate over f32 vectors (AVX2 or AVX-512);
+//! * [`amx`]: the same Rows16 × A16 products on AMX int8 tiles (16 activation rows × 16
+//!   weight rows per instruction pair), bit-identical to [`rows16`], for calls with many
+//!   activation rows;
 //! * [`tiers`]: the `#[target_feature]` entry points and per-tier [`crate::simd::TierFns`].
 //!
 //! The AVX-512 tier runs the same 256-bit kernels with EVEX `vpdpwssd` / `vpdpbusd` (512-bit
@@ -21,6 +24,7 @@
 //! with AVX-512 VNNI but no AVX-VNNI (Ice Lake / Cascade Lake servers).
 
 pub mod a16;
+pub mod amx;
 pub mod attn;
 pub mod common;
 pub mod int4;

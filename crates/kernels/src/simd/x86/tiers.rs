@@ -10,7 +10,7 @@
 
 use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, attn, kquants, q32, quantize, rows16};
+use super::{a16, amx, attn, kquants, q32, quantize, rows16};
 use crate::quant::GgmlType;
 use crate::simd::attn::AttnTile;
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
@@ -238,3 +238,46 @@ tier!(
     1,
     4
 );
+
+/// The AMX tier: the AVX-512 VNNI tier's kernels, plus the AMX int8 matmul of Rows16 weights
+/// ([`amx`]) for calls with many activation rows.
+pub mod amx_int8 {
+    use super::*;
+    use crate::simd::AmxFns;
+    use crate::simd::x86::amx::AmxJob;
+
+    macro_rules! amx_entry {
+        ($name:ident, $fmt:ty) => {
+            /// # Safety
+            ///
+            /// As [`amx::AmxGroupsFn`].
+            #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+            pub unsafe fn $name(job: &AmxJob, g0: usize, g1: usize) {
+                unsafe { amx::groups::<$fmt>(job, g0, g1) }
+            }
+        };
+    }
+
+    amx_entry!(q4_0_groups, rows16::R16Q4_0);
+    amx_entry!(q4_1_groups, rows16::R16Q4_1);
+    amx_entry!(q8_0_groups, rows16::R16Q8_0);
+
+    /// # Safety
+    ///
+    /// As [`amx::split_a16`].
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    pub unsafe fn split(a: *const u8, a_row: usize, n_rows: usize, nb: usize, dst: *mut u8) {
+        unsafe { amx::split_a16(a, a_row, n_rows, nb, dst) }
+    }
+
+    /// This tier's table.
+    pub fn fns() -> TierFns {
+        let mut t = avx512_vnni::fns();
+        let mut groups: [Option<amx::AmxGroupsFn>; 15] = [None; 15];
+        groups[GgmlType::Q4_0 as usize] = Some(q4_0_groups);
+        groups[GgmlType::Q4_1 as usize] = Some(q4_1_groups);
+        groups[GgmlType::Q8_0 as usize] = Some(q8_0_groups);
+        t.amx = Some(AmxFns { split, groups });
+        t
+    }
+}
