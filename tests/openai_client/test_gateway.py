@@ -5,7 +5,8 @@ Usage: python test_gateway.py GATEWAY_URL MODEL PHASE WORKER_URL...
 
 Phases:
 - `prefixes`: five long prefixes (~330 tokens each; a worker's KV cache holds three, not
-  five), asked in rotation four times each; prints JSON {"hit_rate": tokens served from the workers' prefix
+  five), asked in rotation four times each — the first round all at once, the rest one by
+  one; prints JSON {"hit_rate": tokens served from the workers' prefix
   caches / prompt tokens, "per_worker": [requests each worker served]} from the workers' own
   `vllm:prefix_cache_*` and `vllm:request_success_total` counters.
 - `spread`: concurrent requests without shared prefixes; prints the same JSON.
@@ -74,7 +75,25 @@ def complete(prompt):
 
 if PHASE == "prefixes":
     before = [counters(w) for w in WORKERS]
-    for rnd in range(4):
+    # A cache-aware gateway sends a prompt that matches no cached prefix to the least-loaded
+    # worker and breaks ties at random (smg 1.13), so a first round sent one by one, every
+    # worker idle each time, lands wherever the coin says (all five on one worker one run in
+    # 32). In flight together, the workers' in-flight counts spread the five 3/2.
+    errors = []
+
+    def first(i):
+        try:
+            complete(prefix(i) + " Question 0: what comes next?")
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=first, args=(i,)) for i in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for rnd in range(1, 4):
         for i in range(5):
             complete(prefix(i) + f" Question {rnd}: what comes next?")
     report(before)

@@ -722,7 +722,9 @@ impl Gateway {
         let (port, metrics) = (free_port(), free_port());
         let mut cmd = Command::new(bin.join(gateway));
         if gateway == "smg" {
-            cmd.arg("launch");
+            // smg registers workers in the background after a `/health` probe, retried every
+            // 30 s by default: a worker slow to answer the first would miss the test.
+            cmd.args(["launch", "--worker-startup-check-interval", "1"]);
         }
         let child = cmd
             .args(["--host", "127.0.0.1", "--policy", policy])
@@ -750,6 +752,31 @@ impl Gateway {
                 "{gateway} never came up"
             );
             std::thread::sleep(Duration::from_millis(200));
+        }
+        // smg answers (and routes) as soon as one worker is registered: wait for all of them,
+        // healthy, on its `/workers` list.
+        if gateway == "smg" {
+            let list = format!("{}/workers", g.url);
+            let all_ready = |v: &Value| {
+                v["total"].as_u64() == Some(workers.len() as u64)
+                    && v["workers"].as_array().is_some_and(|ws| {
+                        ws.iter()
+                            .all(|w| w["is_healthy"] == true && w["status"] == "ready")
+                    })
+            };
+            loop {
+                let v: Option<Value> =
+                    rt.block_on(async { reqwest::get(&list).await.ok()?.json().await.ok() });
+                if v.as_ref().is_some_and(all_ready) {
+                    break;
+                }
+                assert!(
+                    t.elapsed() < Duration::from_secs(90),
+                    "smg never listed {} ready workers: {v:?}",
+                    workers.len()
+                );
+                std::thread::sleep(Duration::from_millis(200));
+            }
         }
         g
     }
