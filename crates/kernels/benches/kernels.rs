@@ -73,7 +73,8 @@ fn bench_matmul(c: &mut Criterion) {
     let one = ThreadPool::new(1);
     // K-quant rows are 256-element super-blocks: 1536 columns fit every type.
     let (rows, cols) = (HIDDEN, FFN);
-    for tier in Tier::supported() {
+    let opt_in = Tier::OPT_IN.into_iter().filter(|t| t.is_supported());
+    for tier in Tier::supported().into_iter().chain(opt_in) {
         let kern = Kernels::new(tier).expect("supported tier");
         let mut g = c.benchmark_group(format!("matmul/{}", tier.name()));
         for ty in TYPES {
@@ -81,7 +82,7 @@ fn bench_matmul(c: &mut Criterion) {
             let ggml = matrix(ty, rows, cols, &w);
             let packed = PackedMatrix::pack(&ggml);
             for (layout, m) in layouts(ggml, &packed) {
-                for tokens in [1usize, 64] {
+                for tokens in [1usize, 16, 64] {
                     let x = random_f32_row(&mut rng, tokens * cols, 1.0);
                     let mut out = vec![0f32; tokens * rows];
                     g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
@@ -120,7 +121,7 @@ fn bench_matmul(c: &mut Criterion) {
 fn bench_fused(c: &mut Criterion) {
     let mut rng = SplitMix64::new(11);
     let mut g = c.benchmark_group("fused");
-    for tokens in [1usize, 64] {
+    for tokens in [1usize, 16, 64] {
         let mut x = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
         let y = random_f32_row(&mut rng, tokens * HIDDEN, 1.0);
         let norm = random_f32_row(&mut rng, HIDDEN, 1.0);

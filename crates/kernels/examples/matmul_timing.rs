@@ -6,7 +6,8 @@
 //! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout]
 //! ```
 //!
-//! `tier` is `scalar`, `avx2`, `avx-vnni` or `avx512-vnni` (default: the best supported);
+//! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx` or the opt-in `amx-bf16`
+//! (default: the best supported);
 //! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`.
 //! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
 //! token, and multiply-adds per second.
@@ -24,10 +25,7 @@ fn main() {
     let threads: usize = args.get(1).map_or(1, |s| s.parse().expect("threads"));
     let tokens: usize = args.get(2).map_or(1, |s| s.parse().expect("tokens"));
     let tier = match args.get(3) {
-        Some(name) => *Tier::ALL
-            .iter()
-            .find(|t| t.name() == name)
-            .expect("a tier name"),
+        Some(name) => Tier::from_name(name).expect("a tier name"),
         None => Tier::best(),
     };
     let kernels = Kernels::new(tier).expect("a tier this CPU supports");

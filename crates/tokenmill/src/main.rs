@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Sizes the kernels' thread pool before first use (default: every core), and fixes the
 /// kernel tier when `TOKENMILL_KERNELS` names one (`amx`, `avx512-vnni`, `avx-vnni`, `avx2`,
-/// `scalar`; default: the best this CPU supports).
+/// `scalar`, or the opt-in `amx-bf16`; default: the best this CPU supports).
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads
         && !tokenmill_kernels::pool::set_num_threads(n.max(1))
@@ -104,7 +104,7 @@ pub fn init_threads(threads: Option<usize>) {
     }
     if let Ok(name) = std::env::var("TOKENMILL_KERNELS") {
         use tokenmill_kernels::dispatch::{Tier, init_kernels};
-        match Tier::ALL.into_iter().find(|t| t.name() == name) {
+        match Tier::from_name(&name) {
             Some(t) if init_kernels(t) => {}
             Some(t) => eprintln!("warning: TOKENMILL_KERNELS={t}: not supported here; ignored"),
             None => eprintln!("warning: TOKENMILL_KERNELS={name}: no such kernel tier; ignored"),
@@ -118,6 +118,9 @@ pub fn kernels_summary() -> String {
     let tier = kernels().tier();
     match Tier::amx_status() {
         _ if tier == Tier::Amx => format!("{tier} (AMX int8 tiles from 16 rows a matmul)"),
+        _ if tier == Tier::AmxBf16 => {
+            format!("{tier} (AMX bf16 tiles from 16 rows a matmul; not batch-invariant)")
+        }
         Ok(()) => format!("{tier} (AMX available; TOKENMILL_KERNELS chose {tier})"),
         Err(why) => format!("{tier} (no AMX: {why})"),
     }
