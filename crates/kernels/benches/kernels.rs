@@ -73,8 +73,7 @@ fn bench_matmul(c: &mut Criterion) {
     let one = ThreadPool::new(1);
     // K-quant rows are 256-element super-blocks: 1536 columns fit every type.
     let (rows, cols) = (HIDDEN, FFN);
-    let opt_in = Tier::OPT_IN.into_iter().filter(|t| t.is_supported());
-    for tier in Tier::supported().into_iter().chain(opt_in) {
+    for tier in Tier::supported() {
         let kern = Kernels::new(tier).expect("supported tier");
         let mut g = c.benchmark_group(format!("matmul/{}", tier.name()));
         for ty in TYPES {

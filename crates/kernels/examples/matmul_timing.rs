@@ -6,8 +6,8 @@
 //! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout]
 //! ```
 //!
-//! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni`, `amx` or the opt-in `amx-bf16`
-//! (default: the best supported);
+//! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni` or `amx` (default: the best
+//! supported);
 //! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`.
 //! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
 //! token, and multiply-adds per second.

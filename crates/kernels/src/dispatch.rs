@@ -25,9 +25,7 @@
 //!
 //! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q8_0) on
 //! AMX int8 tiles for calls of 16 or more activation rows, bit-identical to the VNNI kernels
-//! (`simd/x86/amx.rs`). The opt-in `amx-bf16` tier runs those matmuls on bf16 tiles instead
-//! (`simd/x86/amx_bf16.rs`): within an error budget of the exact product, not bit-identical,
-//! so never chosen by default.
+//! (`simd/x86/amx.rs`).
 
 use std::sync::OnceLock;
 
@@ -52,10 +50,6 @@ pub enum Tier {
     /// [`Tier::Avx512Vnni`] plus AMX-TILE + AMX-INT8 (Sapphire Rapids and later), with the
     /// tile state granted by Linux: matmuls of many activation rows on int8 tiles.
     Amx,
-    /// [`Tier::Amx`] with AMX-BF16 and AVX-512 BF16, its matmuls on bf16 tiles instead: faster,
-    /// but not bit-identical to the other tiers' A16 kernels (so not batch-invariant). Opt-in
-    /// only ([`Tier::OPT_IN`]): never [`Tier::best`].
-    AmxBf16,
 }
 
 impl Tier {
@@ -68,15 +62,9 @@ impl Tier {
         Tier::Scalar,
     ];
 
-    /// Tiers never chosen by default (they give up an invariant for speed); a user names them.
-    pub const OPT_IN: [Tier; 1] = [Tier::AmxBf16];
-
-    /// The tier called `name` ([`Tier::name`]), default or opt-in.
+    /// The tier called `name` ([`Tier::name`]).
     pub fn from_name(name: &str) -> Option<Tier> {
-        Tier::ALL
-            .into_iter()
-            .chain(Tier::OPT_IN)
-            .find(|t| t.name() == name)
+        Tier::ALL.into_iter().find(|t| t.name() == name)
     }
 
     /// Whether this CPU has the tier's features (runs feature detection: call it when building
@@ -97,11 +85,6 @@ impl Tier {
                         && has!("avx512vnni")
                 }
                 Tier::Amx => Tier::Avx512Vnni.is_supported() && amx_status().is_ok(),
-                Tier::AmxBf16 => {
-                    Tier::Amx.is_supported()
-                        && has!("avx512bf16")
-                        && crate::simd::x86::amx::cpu_has_amx_bf16()
-                }
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -131,7 +114,6 @@ impl Tier {
             Tier::AvxVnni => "avx-vnni",
             Tier::Avx512Vnni => "avx512-vnni",
             Tier::Amx => "amx",
-            Tier::AmxBf16 => "amx-bf16",
         }
     }
 
@@ -446,8 +428,6 @@ impl Kernels {
             Tier::Avx512Vnni => crate::simd::x86::tiers::avx512_vnni::fns(),
             #[cfg(target_arch = "x86_64")]
             Tier::Amx => crate::simd::x86::tiers::amx_int8::fns(),
-            #[cfg(target_arch = "x86_64")]
-            Tier::AmxBf16 => crate::simd::x86::tiers::amx_bf16_tier::fns(),
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("only the scalar tier is supported off x86-64"),
         };

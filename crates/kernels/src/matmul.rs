@@ -352,10 +352,6 @@ unsafe fn matmul_amx(
     use crate::simd::x86::amx::{ACT_TILE_BYTES, AmxJob, TILE_M};
     let k = parts[0].w.cols;
     let nb = k / parts[0].kern.block_size;
-    if let Some(bf16) = amx.bf16 {
-        // SAFETY: the caller's contract.
-        return unsafe { matmul_amx_bf16(pool, &bf16, parts, x, out, n_tokens, out_stride) };
-    }
     with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
         AMX_ACT.with_borrow_mut(|buf| {
             let bytes = n_tokens.div_ceil(TILE_M) * nb * ACT_TILE_BYTES;
@@ -414,72 +410,6 @@ unsafe fn matmul_amx(
                 // checked when the table was made.
                 unsafe { groups(&job, r0 / GROUP, r1.div_ceil(GROUP)) };
             });
-        });
-    });
-}
-
-/// [`matmul_amx`] on the opt-in `amx-bf16` tier: the f32 activations split into bf16 tiles
-/// (no A16 quantization), the weight groups run by [`crate::simd::x86::amx_bf16`].
-///
-/// # Safety
-///
-/// As [`matmul_amx`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn matmul_amx_bf16(
-    pool: &ThreadPool,
-    amx: &crate::simd::AmxBf16Fns,
-    parts: &[Part<'_>],
-    x: &[f32],
-    out: SyncPtr<f32>,
-    n_tokens: usize,
-    out_stride: usize,
-) {
-    use crate::simd::x86::amx_bf16::{ACT_TILE_BYTES, Bf16Job, TILE_M};
-    let k = parts[0].w.cols;
-    let nb = k / 32;
-    AMX_ACT.with_borrow_mut(|buf| {
-        let m_tiles = n_tokens.div_ceil(TILE_M);
-        let bytes = m_tiles * nb * ACT_TILE_BYTES;
-        if buf.len() < bytes {
-            buf.resize(bytes, 0);
-        }
-        let per_task = m_tiles.div_ceil(pool.num_threads() * 2);
-        parallel_chunks_mut(
-            pool,
-            &mut buf[..bytes],
-            per_task * nb * ACT_TILE_BYTES,
-            |i, dst| {
-                let t0 = i * per_task * TILE_M;
-                let rows = (n_tokens - t0).min(per_task * TILE_M);
-                // SAFETY: `x` holds rows t0..t0 + rows of k values, `dst` exactly those rows'
-                // tiles; the table exists only on a CPU with the tier's features.
-                unsafe { (amx.split)(x[t0 * k..].as_ptr(), rows, nb, dst.as_mut_ptr()) };
-            },
-        );
-        let tiles = SyncPtr(buf.as_mut_ptr());
-        let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
-        pool.parallel_for(n_tasks, |mut task| {
-            let mut pi = 0;
-            while task >= parts[pi].plan.n_tasks {
-                task -= parts[pi].plan.n_tasks;
-                pi += 1;
-            }
-            let Part { w, col, plan, .. } = parts[pi];
-            let r0 = task * plan.chunk;
-            let r1 = w.rows.min(r0 + plan.chunk);
-            let job = Bf16Job {
-                nb,
-                w: w.data.as_ptr(),
-                rows: w.rows,
-                act: tiles.get().cast_const(),
-                n_rows: n_tokens,
-                // SAFETY: column `col` of row 0 is inside `out` (the caller's contract).
-                out: unsafe { out.get().add(col) },
-                out_stride,
-            };
-            let groups = amx.groups[w.ty as usize].expect("the same types as the int8 kernels");
-            // SAFETY: as in `matmul_amx`.
-            unsafe { groups(&job, r0 / GROUP, r1.div_ceil(GROUP)) };
         });
     });
 }

@@ -393,17 +393,13 @@ fn f32_dot_tiers_agree() {
 
 #[test]
 fn tables_exist_only_for_supported_tiers() {
-    for t in Tier::ALL.into_iter().chain(Tier::OPT_IN) {
+    for t in Tier::ALL {
         assert_eq!(Kernels::new(t).is_some(), t.is_supported(), "{t}");
         assert_eq!(Tier::from_name(t.name()), Some(t));
     }
     assert!(Tier::Scalar.is_supported());
     let best = tokenmill_kernels::dispatch::kernels().tier();
     assert_eq!(best, Tier::best());
-    assert!(
-        !Tier::OPT_IN.contains(&best),
-        "an opt-in tier is never the default"
-    );
     // AMX runs exactly when the CPU reports it and Linux granted the tile state.
     assert_eq!(
         Tier::Amx.is_supported(),

@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
 
 /// Sizes the kernels' thread pool before first use (default: every core), and fixes the
 /// kernel tier when `TOKENMILL_KERNELS` names one (`amx`, `avx512-vnni`, `avx-vnni`, `avx2`,
-/// `scalar`, or the opt-in `amx-bf16`; default: the best this CPU supports).
+/// `scalar`; default: the best this CPU supports).
 pub fn init_threads(threads: Option<usize>) {
     if let Some(n) = threads
         && !tokenmill_kernels::pool::set_num_threads(n.max(1))
@@ -118,9 +118,6 @@ pub fn kernels_summary() -> String {
     let tier = kernels().tier();
     match Tier::amx_status() {
         _ if tier == Tier::Amx => format!("{tier} (AMX int8 tiles from 16 rows a matmul)"),
-        _ if tier == Tier::AmxBf16 => {
-            format!("{tier} (AMX bf16 tiles from 16 rows a matmul; not batch-invariant)")
-        }
         Ok(()) => format!("{tier} (AMX available; TOKENMILL_KERNELS chose {tier})"),
         Err(why) => format!("{tier} (no AMX: {why})"),
     }

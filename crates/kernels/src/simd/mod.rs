@@ -138,18 +138,6 @@ pub struct TierFns {
 pub struct AmxFns {
     pub split: x86::amx::AmxSplitFn,
     pub groups: [Option<x86::amx::AmxGroupsFn>; 15],
-    /// The bf16 kernels ([`x86::amx_bf16`]) that replace the exact int8 ones (the `amx-bf16`
-    /// tier only).
-    pub bf16: Option<AmxBf16Fns>,
-}
-
-/// The `amx-bf16` tier's matmul kernels: f32 activations split into bf16 tiles, and the group
-/// runner by weight type.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-pub struct AmxBf16Fns {
-    pub split: x86::amx_bf16::Bf16SplitFn,
-    pub groups: [Option<x86::amx_bf16::Bf16GroupsFn>; 15],
 }
 
 impl TierFns {

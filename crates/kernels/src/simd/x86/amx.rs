@@ -118,11 +118,6 @@ pub fn cpu_has_amx_int8() -> bool {
     edx & (1 << 24) != 0 && edx & (1 << 25) != 0
 }
 
-/// Whether this CPU reports AMX-BF16 (CPUID leaf 7, EDX bit 22) besides AMX-INT8.
-pub fn cpu_has_amx_bf16() -> bool {
-    cpu_has_amx_int8() && __cpuid_count(7, 0).edx & (1 << 22) != 0
-}
-
 /// Splits `n_rows` A16 rows of `nb` blocks (`a_row` bytes apart at `a`) into the tile layout
 /// at `dst` (`m_tiles · nb` [`ACT_TILE_BYTES`] blocks, `m_tiles = n_rows.div_ceil(16)`); the
 /// rows of the last tile past `n_rows` are zero.

@@ -17,9 +17,6 @@
 //! * [`amx`]: the same Rows16 × A16 products on AMX int8 tiles (16 activation rows × 16
 //!   weight rows per instruction pair), bit-identical to [`rows16`], for calls with many
 //!   activation rows;
-//! * [`amx_bf16`]: the opt-in faster alternative — f32 activations and dequantized weights as
-//!   bf16 hi/lo pairs, three `tdpbf16ps` passes, no per-block scale step (not bit-identical to
-//!   the A16 kernels, so not batch-invariant);
 //! * [`tiers`]: the `#[target_feature]` entry points and per-tier [`crate::simd::TierFns`].
 //!
 //! The AVX-512 tier runs the same 256-bit kernels with EVEX `vpdpwssd` / `vpdpbusd` (512-bit
@@ -28,7 +25,6 @@
 
 pub mod a16;
 pub mod amx;
-pub mod amx_bf16;
 pub mod attn;
 pub mod common;
 pub mod int4;

@@ -277,58 +277,7 @@ pub mod amx_int8 {
         groups[GgmlType::Q4_0 as usize] = Some(q4_0_groups);
         groups[GgmlType::Q4_1 as usize] = Some(q4_1_groups);
         groups[GgmlType::Q8_0 as usize] = Some(q8_0_groups);
-        t.amx = Some(AmxFns {
-            split,
-            groups,
-            bf16: None,
-        });
-        t
-    }
-}
-
-/// The opt-in `amx-bf16` tier: the AMX tier with its matmuls on the bf16 kernels of
-/// [`amx_bf16`] instead of the exact int8 ones.
-pub mod amx_bf16_tier {
-    use super::*;
-    use crate::simd::AmxBf16Fns;
-    use crate::simd::x86::amx_bf16::{self, Bf16Job};
-
-    macro_rules! bf16_entry {
-        ($name:ident, $fmt:ty) => {
-            /// # Safety
-            ///
-            /// As [`amx_bf16::Bf16GroupsFn`].
-            #[target_feature(
-                enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16"
-            )]
-            pub unsafe fn $name(job: &Bf16Job, g0: usize, g1: usize) {
-                unsafe { amx_bf16::groups::<$fmt>(job, g0, g1) }
-            }
-        };
-    }
-
-    bf16_entry!(q4_0_groups, rows16::R16Q4_0);
-    bf16_entry!(q4_1_groups, rows16::R16Q4_1);
-    bf16_entry!(q8_0_groups, rows16::R16Q8_0);
-
-    /// # Safety
-    ///
-    /// As [`amx_bf16::Bf16SplitFn`].
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512bf16")]
-    pub unsafe fn split(x: *const f32, n_rows: usize, nb: usize, dst: *mut u8) {
-        unsafe { amx_bf16::split(x, n_rows, nb, dst) }
-    }
-
-    /// This tier's table.
-    pub fn fns() -> TierFns {
-        let mut t = amx_int8::fns();
-        let mut groups: [Option<amx_bf16::Bf16GroupsFn>; 15] = [None; 15];
-        groups[GgmlType::Q4_0 as usize] = Some(q4_0_groups);
-        groups[GgmlType::Q4_1 as usize] = Some(q4_1_groups);
-        groups[GgmlType::Q8_0 as usize] = Some(q8_0_groups);
-        if let Some(a) = t.amx.as_mut() {
-            a.bf16 = Some(AmxBf16Fns { split, groups });
-        }
+        t.amx = Some(AmxFns { split, groups });
         t
     }
 }
