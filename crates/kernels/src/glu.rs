@@ -204,18 +204,30 @@ mod tests {
                 let gate = QMatrix::new(ty, n, k, &wg);
                 let up = QMatrix::new(ty, n, k, &wu);
                 let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-                for tier in Tier::supported() {
-                    let kern = Kernels::new(tier).unwrap();
-                    let mut fused = vec![f32::NAN; n_tok * n];
-                    matmul_silu_mul_with(&pool, &kern, &x, &gate, &up, &mut fused);
-                    let (mut g, mut u) = (vec![0f32; n_tok * n], vec![0f32; n_tok * n]);
-                    matmul_with(&pool, &kern, &x, &gate, &mut g);
-                    matmul_with(&pool, &kern, &x, &up, &mut u);
-                    let mut want = vec![0f32; n_tok * n];
-                    kern.silu_mul(&g, &u, &mut want);
-                    assert!(fused == want, "{ty} {tier} {n_tok}x{n}");
-                }
+                assert_fused_is_unfused(&pool, &x, &gate, &up);
             }
+        }
+    }
+
+    /// On every supported tier: fused equals the two matmuls and one SiLU pass, bit for bit.
+    fn assert_fused_is_unfused(pool: &ThreadPool, x: &[f32], gate: &QMatrix<'_>, up: &QMatrix<'_>) {
+        let len = x.len() / gate.cols * gate.rows;
+        for tier in Tier::supported() {
+            let kern = Kernels::new(tier).unwrap();
+            let mut fused = vec![f32::NAN; len];
+            matmul_silu_mul_with(pool, &kern, x, gate, up, &mut fused);
+            let (mut g, mut u) = (vec![0f32; len], vec![0f32; len]);
+            matmul_with(pool, &kern, x, gate, &mut g);
+            matmul_with(pool, &kern, x, up, &mut u);
+            let mut want = vec![0f32; len];
+            kern.silu_mul(&g, &u, &mut want);
+            assert!(
+                fused == want,
+                "{} {tier} {}x{}",
+                gate.ty,
+                len / gate.rows,
+                gate.rows
+            );
         }
     }
 
@@ -234,17 +246,7 @@ mod tests {
                 let up = PackedMatrix::pack(&QMatrix::new(ty, n, k, &wu)).unwrap();
                 let (gate, up) = (gate.view(), up.view());
                 let x: Vec<f32> = (0..n_tok * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-                for tier in Tier::supported() {
-                    let kern = Kernels::new(tier).unwrap();
-                    let mut fused = vec![f32::NAN; n_tok * n];
-                    matmul_silu_mul_with(&pool, &kern, &x, &gate, &up, &mut fused);
-                    let (mut g, mut u) = (vec![0f32; n_tok * n], vec![0f32; n_tok * n]);
-                    matmul_with(&pool, &kern, &x, &gate, &mut g);
-                    matmul_with(&pool, &kern, &x, &up, &mut u);
-                    let mut want = vec![0f32; n_tok * n];
-                    kern.silu_mul(&g, &u, &mut want);
-                    assert!(fused == want, "{ty} {tier} {n_tok}x{n}");
-                }
+                assert_fused_is_unfused(&pool, &x, &gate, &up);
             }
         }
     }

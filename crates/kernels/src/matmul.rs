@@ -277,15 +277,8 @@ unsafe fn matmul_quantized(
     let k = parts[0].w.cols;
     with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
         let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
-        pool.parallel_for(n_tasks, |mut task| {
-            let mut pi = 0;
-            while task >= parts[pi].plan.n_tasks {
-                task -= parts[pi].plan.n_tasks;
-                pi += 1;
-            }
-            let Part { w, kern, col, plan } = parts[pi];
-            let r0 = task * plan.chunk;
-            let r1 = w.rows.min(r0 + plan.chunk);
+        pool.parallel_for(n_tasks, |task| {
+            let (Part { w, kern, col, plan }, r0, r1) = task_rows(parts, task);
             let nb = k / kern.block_size;
             let mut tile0 = r0;
             while tile0 < r1 {
@@ -314,6 +307,19 @@ unsafe fn matmul_quantized(
             }
         });
     });
+}
+
+/// The part that task `task` of a pool job over `parts` (the parts' plans' tasks, in order)
+/// covers, and its rows `r0..r1` there.
+fn task_rows<'a>(parts: &[Part<'a>], mut task: usize) -> (Part<'a>, usize, usize) {
+    let mut pi = 0;
+    while task >= parts[pi].plan.n_tasks {
+        task -= parts[pi].plan.n_tasks;
+        pi += 1;
+    }
+    let p = parts[pi];
+    let r0 = task * p.plan.chunk;
+    (p, r0, p.w.rows.min(r0 + p.plan.chunk))
 }
 
 /// The AMX kernels a matmul of `ws` over `n_tokens` activation rows runs on, if any: on the
@@ -384,15 +390,8 @@ unsafe fn matmul_amx(
             );
             let tiles = SyncPtr(buf.as_mut_ptr());
             let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
-            pool.parallel_for(n_tasks, |mut task| {
-                let mut pi = 0;
-                while task >= parts[pi].plan.n_tasks {
-                    task -= parts[pi].plan.n_tasks;
-                    pi += 1;
-                }
-                let Part { w, col, plan, .. } = parts[pi];
-                let r0 = task * plan.chunk;
-                let r1 = w.rows.min(r0 + plan.chunk);
+            pool.parallel_for(n_tasks, |task| {
+                let (Part { w, col, .. }, r0, r1) = task_rows(parts, task);
                 let job = AmxJob {
                     nb,
                     w: w.data.as_ptr(),

@@ -256,43 +256,34 @@ unsafe fn build_group<F: Fmt16>(wg: *const u8, nb: usize, dst: *mut u8) {
 /// two 16 × 16 i32 sums at `c` (hi sums, then lo sums, 1 KiB each).
 #[inline(always)]
 unsafe fn block_tiles<const SET: usize>(act: *const u8, wt: *const u8, c: *mut i32) {
+    macro_rules! block {
+        ($hi:literal, $lo:literal) => {
+            asm!(
+                "tileloadd tmm4, [{a} + {s32}]",
+                "tileloadd tmm5, [{a} + {s32} + 512]",
+                "tileloadd tmm6, [{w} + {s64}]",
+                concat!("tilezero tmm", $hi),
+                concat!("tilezero tmm", $lo),
+                concat!("tdpbssd tmm", $hi, ", tmm4, tmm6"),
+                concat!("tdpbusd tmm", $lo, ", tmm5, tmm6"),
+                concat!("tilestored [{c} + {s64}], tmm", $hi),
+                concat!("tilestored [{c} + {s64} + 1024], tmm", $lo),
+                a = in(reg) act,
+                w = in(reg) wt,
+                c = in(reg) c,
+                s32 = in(reg) 32usize,
+                s64 = in(reg) 64usize,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
+    // SAFETY: the tiles read 1 KiB at `act`, 512 bytes at `wt` and write 2 KiB at `c` (the
+    // caller's buffers); the tile configuration is loaded.
     unsafe {
         if SET == 0 {
-            asm!(
-                "tileloadd tmm4, [{a} + {s32}]",
-                "tileloadd tmm5, [{a} + {s32} + 512]",
-                "tileloadd tmm6, [{w} + {s64}]",
-                "tilezero tmm0",
-                "tilezero tmm1",
-                "tdpbssd tmm0, tmm4, tmm6",
-                "tdpbusd tmm1, tmm5, tmm6",
-                "tilestored [{c} + {s64}], tmm0",
-                "tilestored [{c} + {s64} + 1024], tmm1",
-                a = in(reg) act,
-                w = in(reg) wt,
-                c = in(reg) c,
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack, preserves_flags),
-            );
+            block!("0", "1");
         } else {
-            asm!(
-                "tileloadd tmm4, [{a} + {s32}]",
-                "tileloadd tmm5, [{a} + {s32} + 512]",
-                "tileloadd tmm6, [{w} + {s64}]",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "tdpbssd tmm2, tmm4, tmm6",
-                "tdpbusd tmm3, tmm5, tmm6",
-                "tilestored [{c} + {s64}], tmm2",
-                "tilestored [{c} + {s64} + 1024], tmm3",
-                a = in(reg) act,
-                w = in(reg) wt,
-                c = in(reg) c,
-                s32 = in(reg) 32usize,
-                s64 = in(reg) 64usize,
-                options(nostack, preserves_flags),
-            );
+            block!("2", "3");
         }
     }
 }
