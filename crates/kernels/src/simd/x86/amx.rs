@@ -22,8 +22,9 @@
 //!   per group into a per-thread buffer and used by every row tile.
 //!
 //! Tiles: `tmm0/tmm1` and `tmm2/tmm3` are the (hi, lo) sums of alternate blocks (so the AMX
-//! unit can run a block while the vector units fold the previous one), `tmm4/tmm5` the
-//! activation hi/lo tiles, `tmm6` the weight tile. Every task loads the tile configuration
+//! unit could run a block while the vector units fold the previous one — on the development
+//! Xeon the two barely overlap, and the fold, ~6 vector operations per row and block, bounds
+//! the kernel: BENCHMARKS.md), `tmm4/tmm5` the activation hi/lo tiles, `tmm6` the weight tile. Every task loads the tile configuration
 //! ([`TILECFG`]) and releases the tiles when done. The process must have asked Linux for the
 //! tile state ([`request_permission`]) before any of this runs.
 
