@@ -61,7 +61,7 @@ pub fn matmul_silu_mul_with(
     };
     #[cfg(target_arch = "x86_64")]
     if crate::matmul::amx_for(kernels, &[*gate, *up], n_tokens).is_some() {
-        return on_tiles(pool, kernels, x, gate, up, out);
+        return on_tiles(pool, kernels, x, gate, up, n_tokens, out);
     }
     if kg.act != ku.act || gate.row_align() != up.row_align() || k == 0 || n_tokens == 0 {
         return unfused(pool, kernels, x, gate, up, out);
@@ -131,10 +131,13 @@ fn on_tiles(
     x: &[f32],
     gate: &QMatrix<'_>,
     up: &QMatrix<'_>,
+    n_tokens: usize,
     out: &mut [f32],
 ) {
     let n = gate.rows;
-    let n_tokens = out.len() / n;
+    if n == 0 {
+        return;
+    }
     GATE_UP.with_borrow_mut(|buf| {
         if buf.len() < 2 * out.len() {
             buf.resize(2 * out.len(), 0.0);
