@@ -73,47 +73,44 @@ def complete(prompt):
     assert r.choices[0].finish_reason in ("length", "stop"), r
 
 
+def concurrently(f, args):
+    """Runs `f(a)` for every `a` in `args` on threads of their own, all at once; fails if any
+    raised."""
+    errors = []
+
+    def run(a):
+        try:
+            f(a)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in args]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
 if PHASE == "prefixes":
     before = [counters(w) for w in WORKERS]
     # A cache-aware gateway sends a prompt that matches no cached prefix to the least-loaded
     # worker and breaks ties at random (smg 1.13), so a first round sent one by one, every
     # worker idle each time, lands wherever the coin says (all five on one worker one run in
     # 32). In flight together, the workers' in-flight counts spread the five 3/2.
-    errors = []
-
-    def first(i):
-        try:
-            complete(prefix(i) + " Question 0: what comes next?")
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=first, args=(i,)) for i in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    concurrently(lambda i: complete(prefix(i) + " Question 0: what comes next?"), range(5))
     for rnd in range(1, 4):
         for i in range(5):
             complete(prefix(i) + f" Question {rnd}: what comes next?")
     report(before)
 elif PHASE == "spread":
     before = [counters(w) for w in WORKERS]
-    errors = []
 
-    def run(k):
-        try:
-            for j in range(3):
-                complete(f"Request {k}.{j}: write a word about {WORDS[(k + j) % len(WORDS)]}.")
-        except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(repr(e))
+    def three(k):
+        for j in range(3):
+            complete(f"Request {k}.{j}: write a word about {WORDS[(k + j) % len(WORDS)]}.")
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    concurrently(three, range(8))
     report(before)
 elif PHASE == "survive":
     failed = 0

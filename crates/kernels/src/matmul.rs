@@ -360,12 +360,12 @@ unsafe fn matmul_amx(
     let nb = k / parts[0].kern.block_size;
     with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
         AMX_ACT.with_borrow_mut(|buf| {
-            let bytes = n_tokens.div_ceil(TILE_M) * nb * ACT_TILE_BYTES;
+            let m_tiles = n_tokens.div_ceil(TILE_M);
+            let bytes = m_tiles * nb * ACT_TILE_BYTES;
             if buf.len() < bytes {
                 buf.resize(bytes, 0);
             }
             // Whole row tiles per task.
-            let m_tiles = n_tokens.div_ceil(TILE_M);
             let per_task = m_tiles.div_ceil(pool.num_threads() * 2);
             parallel_chunks_mut(
                 pool,
