@@ -60,6 +60,11 @@ pub enum ConvertError {
     )]
     UnsupportedRopeScaling,
 
+    /// A DeepSeek layer whose routed experts are stored in different types (one 3-D GGUF
+    /// tensor holds them all).
+    #[error("layer {layer}: the routed experts mix {} and {}", types[0], types[1])]
+    MixedExpertTypes { layer: usize, types: [GgmlType; 2] },
+
     /// A Q or K projection whose rows do not split into whole heads of even size (the Q/K
     /// permutation needs both).
     #[error("{name}: {rows} rows do not split into {heads} heads of even size")]

@@ -193,7 +193,7 @@ fn source_bytes<'a>(store: &'a WeightStore, t: &'a Tensor) -> Cow<'a, [u8]> {
 }
 
 /// `general.name`: the folder's own name (after resolving `.` and links), else `model`.
-fn model_name(dir: &Path) -> String {
+pub(crate) fn model_name(dir: &Path) -> String {
     dir.canonicalize()
         .ok()
         .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

@@ -6,6 +6,9 @@
 //! * A Hugging Face Llama/Mistral/Qwen2 folder → a GGUF ([`hf`]), as `convert_hf_to_gguf.py`
 //!   followed by `llama-quantize` would: llama.cpp's names and metadata, the Q/K permutation
 //!   of the `llama` architecture ([`permute`]) and the tokenizer metadata ([`vocab`]).
+//! * A Hugging Face DeepSeek V2/V3 folder → a `deepseek2` GGUF ([`hf_deepseek`]), as the
+//!   converter's `DeepseekV2Model` writes it: `kv_b_proj` split per head into `attn_k_b` /
+//!   `attn_v_b`, the routed experts stacked into 3-D tensors.
 //!
 //! Targets: `f32`, `f16` (every matrix converted), Q2_K, Q3_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
 //! Q4_K, Q5_K, Q6_K; which tensor gets which type is [`choose_type`] ([`types`]).
@@ -14,9 +17,10 @@
 //!
 //! One concept per module, imports pointing one way: [`types`] (target types and the
 //! per-tensor type rules) and [`error`] depend on nothing here; `write` (row-by-row
-//! conversion into a streamed [`tokenmill_gguf::GgufWriter`]) uses them; [`gguf_to_gguf`]
-//! and [`hf`] (which also uses [`permute`] and [`vocab`]) plan a file and hand it to
-//! `write`; this file only picks the path by the kind of input.
+//! conversion into a streamed [`tokenmill_gguf::GgufWriter`]) uses them; [`gguf_to_gguf`],
+//! [`hf`] (which also uses [`permute`] and [`vocab`]) and [`hf_deepseek`] (which uses [`vocab`]
+//! and `hf`'s folder name) plan a file and hand it to `write`; this file only picks
+//! the path by the kind of input (a folder's kind by its config.json's `architectures`).
 //!
 //! The library prints nothing: the per-tensor [`TensorReport`]s go to the caller's callback
 //! ([`quantize_with_progress`]) as each tensor is written and come back in the [`Report`].
@@ -26,6 +30,7 @@
 pub mod error;
 mod gguf_to_gguf;
 mod hf;
+mod hf_deepseek;
 pub mod permute;
 pub mod types;
 pub mod vocab;
@@ -78,11 +83,25 @@ pub fn quantize_with_progress(
     options: &QuantizeOptions,
     mut on_tensor: impl FnMut(&TensorReport),
 ) -> Result<Report> {
-    if input.is_dir() {
+    if input.is_dir() && is_deepseek_folder(input) {
+        hf_deepseek::convert(input, output, options, &mut on_tensor)
+    } else if input.is_dir() {
         hf::convert(input, output, options, &mut on_tensor)
     } else {
         gguf_to_gguf::convert(input, output, options, &mut on_tensor)
     }
+}
+
+/// Whether the folder's config.json names a DeepSeek V2/V3 class (anything unreadable goes
+/// the Llama-family way, whose loader reports it).
+fn is_deepseek_folder(dir: &Path) -> bool {
+    let Ok(text) = tokenmill_model::read_config_json(dir) else {
+        return false;
+    };
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    v["architectures"][0]
+        .as_str()
+        .is_some_and(|a| a.starts_with("Deepseek"))
 }
 
 #[cfg(test)]

@@ -105,6 +105,11 @@ impl DeepSeekModel {
         &self.cfg
     }
 
+    /// Where the weights live (the mapped folder or file).
+    pub fn store(&self) -> &WeightStore {
+        &self.store
+    }
+
     /// A latent KV cache of `num_blocks` blocks of `block_size` positions for this model.
     pub fn kv_cache(&self, num_blocks: usize, block_size: usize) -> LatentKvCache {
         LatentKvCache::new(

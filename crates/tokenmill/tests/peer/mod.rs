@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{LogitsWanted, Model, SeqChunk};
 
 /// The peer llama.cpp binary `name`, if built: from `LLAMA_CPP_BIN` (a folder) or the folder
 /// `scripts/llama-cpp-peer.sh --where` names (its cache folder, named by the build flags).
@@ -164,11 +164,11 @@ pub fn tokenmill_greedy(
     prompt: &[u32],
     n: usize,
 ) -> Vec<(u32, Vec<f32>)> {
-    let model = LlamaModel::open(model).unwrap();
-    let vocab = model.config().vocab_size;
-    let mut kv = KvCache::new(model.config(), 16, 16);
+    let model = Model::open(model).unwrap();
+    let vocab = model.vocab_size();
+    let mut kv = model.kv_cache(16, 16);
     let table: Vec<u32> = (0..16).collect();
-    let mut ws = Workspace::default();
+    let mut ws = model.workspace(256, 1);
     let (mut tokens, mut start, mut out) = (prompt.to_vec(), 0, Vec::new());
     for _ in 0..n {
         let c = SeqChunk {
