@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Side-by-side raw model speed: tokenmill bench-model vs llama.cpp's llama-bench (pp512, tg128)
-# and llama-batched-bench (128-token prompts, 128 decode steps, 8 and 32 sequences), same
+# and llama-batched-bench (128-token prompts, 128 decode steps, BATCHES sequences), same
 # model, same thread count, interleaved rounds (A B A B ...), medians and ratios.
 # Usage: scripts/bench-vs-llamacpp.sh [ROUNDS=5] [THREADS=nproc]
-# Env: MODEL (default: the default model), PEER_SCRIPT (default scripts/llama-cpp-peer.sh),
-#      TOKENMILL_BIN (default: build target/release/tokenmill)
+# Env: MODEL (default: the default model), BATCHES (default 8,32: the batched-decode sequence
+#      counts), PEER_SCRIPT (default scripts/llama-cpp-peer.sh), TOKENMILL_BIN (default: build
+#      target/release/tokenmill)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
 threads="${2:-$(nproc)}"
+batches="${BATCHES:-8,32}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 peer_bin="$(bash "${PEER_SCRIPT:-scripts/llama-cpp-peer.sh}")"
 tm="$(scripts/tokenmill-bin.sh)"
@@ -17,14 +19,14 @@ for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
   "$peer_bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o jsonl > "$out/llama-bench.$r.jsonl" 2>/dev/null
   "$tm" bench-model --model "$model" --threads "$threads" --repetitions 1 --seed "$r" \
-    --prompt 512 --generate 128 --batch 8,32 > "$out/tokenmill.$r.txt"
+    --prompt 512 --generate 128 --batch "$batches" > "$out/tokenmill.$r.txt"
   "$peer_bin/llama-batched-bench" -m "$model" -t "$threads" -c 16384 -b 2048 -ub 512 \
-    -npp 128 -ntg 128 -npl 8,32 --output-format jsonl > "$out/batched.$r.jsonl" 2>/dev/null
+    -npp 128 -ntg 128 -npl "$batches" --output-format jsonl > "$out/batched.$r.jsonl" 2>/dev/null
 done
-python3 - "$out" "$rounds" <<'PY'
+python3 - "$out" "$rounds" "$batches" <<'PY'
 import json, statistics, sys, glob
 out, rounds = sys.argv[1], int(sys.argv[2])
-peer = {"pp512": [], "tg128": [], "bd8x128": [], "bd32x128": []}
+peer = {"pp512": [], "tg128": [], **{f"bd{b}x128": [] for b in sys.argv[3].split(",")}}
 ours = {k: [] for k in peer}
 for r in range(1, rounds + 1):
     for line in open(f"{out}/llama-bench.{r}.jsonl"):

@@ -10,7 +10,7 @@
 //!   `attention.head_count`, `attention.head_count_kv` = 1 and `attention.key_length` /
 //!   `value_length` = `kv_lora_rank + rope` / `kv_lora_rank` (MLA seen as MQA over the latent),
 //!   `attention.key_length_mla` / `value_length_mla` (per-head `nope + rope` / `v`),
-//!   `attention.q_lora_rank` (when the model has one), `attention.kv_lora_rank`,
+//!   `attention.q_lora_rank`, `attention.kv_lora_rank`,
 //!   `attention.layer_norm_rms_epsilon`, `rope.freq_base`, `rope.dimension_count` (rope part),
 //!   YaRN as `rope.scaling.{type, factor, original_context_length, yarn_beta_fast,
 //!   yarn_beta_slow, yarn_attn_factor}` and `rope.scaling.yarn_log_multiplier = 0.1 ·
@@ -19,6 +19,10 @@
 //!   `expert_group_count` / `expert_group_used_count` (when config.json has them),
 //!   `expert_weights_scale`, `expert_weights_norm` (when true), then `general.file_type` and
 //!   the tokenizer metadata of [`crate::vocab`].
+//! * `attention.q_lora_rank` is 0 for a model with a plain `q_proj`, where the converter
+//!   writes no key: llama.cpp's loader reads the key unless the model has 26 or 27 layers (how
+//!   it recognises DeepSeek-V2-Lite), and with 0 it loads `attn_q`, so a Lite-shaped model of
+//!   any depth loads.
 //! * `expert_gating_func` (1 softmax, 2 sigmoid) is written for every file, from the routing
 //!   tokenmill runs: the converter writes it only when config.json has `scoring_func`, and
 //!   llama.cpp routes a file without it by softmax — wrong for a V3 folder whose config.json
@@ -57,9 +61,17 @@ use crate::write::{OutputPlan, Report, TensorReport, write_gguf};
 enum Source {
     Whole(TensorRef),
     /// `attn_k_b`: per head, rows `h·(nope+v) .. +nope` of `kv_b_proj`, transposed.
-    KB { kv_b: TensorRef, nope: usize, v: usize },
+    KB {
+        kv_b: TensorRef,
+        nope: usize,
+        v: usize,
+    },
     /// `attn_v_b`: per head, rows `h·(nope+v) + nope .. +v` of `kv_b_proj`.
-    VB { kv_b: TensorRef, nope: usize, v: usize },
+    VB {
+        kv_b: TensorRef,
+        nope: usize,
+        v: usize,
+    },
     /// Expert matrices of one shape, stacked expert-major.
     Stack(Vec<TensorRef>),
 }
@@ -94,7 +106,11 @@ fn split_kv_b(store: &WeightStore, c: &DeepSeekConfig, l: usize, hf: &str) -> Re
     let (h, r) = (c.n_heads as u64, c.kv_lora_rank as u64);
     let (nope, v) = (c.qk_nope_head_dim, c.v_head_dim);
     let k_b = Tensor {
-        info: info(format!("blk.{l}.attn_k_b.weight"), vec![nope as u64, r, h], kv_b.ty),
+        info: info(
+            format!("blk.{l}.attn_k_b.weight"),
+            vec![nope as u64, r, h],
+            kv_b.ty,
+        ),
         source: Source::KB {
             kv_b: kv_b.clone(),
             nope,
@@ -102,7 +118,11 @@ fn split_kv_b(store: &WeightStore, c: &DeepSeekConfig, l: usize, hf: &str) -> Re
         },
     };
     let v_b = Tensor {
-        info: info(format!("blk.{l}.attn_v_b.weight"), vec![r, v as u64, h], kv_b.ty),
+        info: info(
+            format!("blk.{l}.attn_v_b.weight"),
+            vec![r, v as u64, h],
+            kv_b.ty,
+        ),
         source: Source::VB { kv_b, nope, v },
     };
     Ok([k_b, v_b])
@@ -111,7 +131,11 @@ fn split_kv_b(store: &WeightStore, c: &DeepSeekConfig, l: usize, hf: &str) -> Re
 /// `blk.{l}.ffn_{proj}_exps` of the folder's `experts.{e}.{proj}_proj` matrices.
 fn experts(store: &WeightStore, c: &DeepSeekConfig, l: usize, proj: &str) -> Result<Tensor> {
     let parts = (0..c.n_routed_experts)
-        .map(|e| store.get(&format!("model.layers.{l}.mlp.experts.{e}.{proj}_proj.weight")))
+        .map(|e| {
+            store.get(&format!(
+                "model.layers.{l}.mlp.experts.{e}.{proj}_proj.weight"
+            ))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let (first, e) = (&parts[0], parts.len() as u64);
     if let Some(odd) = parts.iter().find(|p| p.ty != first.ty) {
@@ -129,7 +153,11 @@ fn experts(store: &WeightStore, c: &DeepSeekConfig, l: usize, proj: &str) -> Res
 
 /// The tensors of the GGUF, layer by layer.
 fn tensors(store: &WeightStore, c: &DeepSeekConfig) -> Result<Vec<Tensor>> {
-    let mut out = vec![whole(store, "token_embd.weight", "model.embed_tokens.weight")?];
+    let mut out = vec![whole(
+        store,
+        "token_embd.weight",
+        "model.embed_tokens.weight",
+    )?];
     for l in 0..c.n_layers {
         let hf = |k: &str| format!("model.layers.{l}.{k}.weight");
         let mut push = |gguf: &str, hf_name: &str| -> Result<()> {
@@ -188,7 +216,9 @@ fn tensors(store: &WeightStore, c: &DeepSeekConfig) -> Result<Vec<Tensor>> {
 fn source_bytes<'a>(store: &'a WeightStore, t: &'a Tensor) -> Cow<'a, [u8]> {
     match &t.source {
         Source::Whole(r) => Cow::Borrowed(store.data(r)),
-        Source::Stack(parts) => Cow::Owned(parts.iter().flat_map(|p| store.data(p)).copied().collect()),
+        Source::Stack(parts) => {
+            Cow::Owned(parts.iter().flat_map(|p| store.data(p)).copied().collect())
+        }
         Source::KB { kv_b, nope, v } => {
             let (es, r) = (kv_b.ty.type_size(), kv_b.shape[1] as usize);
             let src = store.data(kv_b);
@@ -247,7 +277,10 @@ fn arch_metadata(c: &DeepSeekConfig, raw: &Json, name: &str, ftype: u32) -> Vec<
         keys.push(("rope.scaling.type", Value::String("yarn".into())));
         keys.push(("rope.scaling.factor", f(factor)));
         if let Some(orig) = p["original_max_position_embeddings"].as_u64() {
-            keys.push(("rope.scaling.original_context_length", Value::U32(orig as u32)));
+            keys.push((
+                "rope.scaling.original_context_length",
+                Value::U32(orig as u32),
+            ));
         }
         for (key, gguf) in [
             ("attention_factor", "rope.scaling.yarn_attn_factor"),
@@ -276,9 +309,7 @@ fn arch_metadata(c: &DeepSeekConfig, raw: &Json, name: &str, ftype: u32) -> Vec<
         ("leading_dense_block_count", u(c.first_k_dense_replace)),
         ("vocab_size", u(c.vocab_size)),
     ]);
-    if let Some(q) = c.q_lora_rank {
-        keys.push(("attention.q_lora_rank", u(q)));
-    }
+    keys.push(("attention.q_lora_rank", u(c.q_lora_rank.unwrap_or(0))));
     keys.extend([
         ("attention.kv_lora_rank", u(r)),
         ("attention.key_length", u(r + rope)),
@@ -297,7 +328,10 @@ fn arch_metadata(c: &DeepSeekConfig, raw: &Json, name: &str, ftype: u32) -> Vec<
         keys.push(("rope.scaling.yarn_log_multiplier", f(0.1 * m)));
     }
     let mut md: Vec<(String, Value)> = vec![
-        ("general.architecture".into(), Value::String("deepseek2".into())),
+        (
+            "general.architecture".into(),
+            Value::String("deepseek2".into()),
+        ),
         ("general.type".into(), Value::String("model".into())),
         ("general.name".into(), Value::String(name.into())),
     ];

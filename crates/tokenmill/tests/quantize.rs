@@ -547,7 +547,11 @@ fn deepseek_quantized_exports_are_quantizations_of_the_f32_export() {
                 "q8_0" => GgmlType::Q8_0,
                 _ => GgmlType::Q5_0,
             };
-            assert_eq!((experts.ty, experts.dims.len()), (want_ty, 3), "{name} {ty}");
+            assert_eq!(
+                (experts.ty, experts.dims.len()),
+                (want_ty, 3),
+                "{name} {ty}"
+            );
             let err = rel_rms(&logits_of(&dst, &tokens), &want, 256);
             eprintln!("{name} {ty}: relative rms logit error {err:.4}");
             // Twice the Llama budgets: the tiny MoE's logits move more under the same weight

@@ -23,6 +23,8 @@
 //! two separate dots per score, an exact two-pass softmax over all scores. The two agree within
 //! f32 rounding (a relative 1e-5 of the output, `tests::attend_matches_reference`).
 
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
 use tokenmill_kernels::matmul::dot;
 use tokenmill_kernels::ops::{axpy, scale};
 
@@ -58,6 +60,23 @@ impl MlaScratch {
             l: vec![0.0; nh],
             o_lat: vec![0.0; nh * cfg.kv_lora_rank],
         }
+    }
+}
+
+/// A scratch of `scratches` that no other task holds (the caller keeps one per pool thread,
+/// so one is always free; the loop only covers a lock released a moment late).
+pub(super) fn free_scratch(scratches: &[Mutex<MlaScratch>]) -> MutexGuard<'_, MlaScratch> {
+    loop {
+        let free = scratches.iter().find_map(|m| match m.try_lock() {
+            Ok(s) => Some(s),
+            // A task that panicked left a scratch that `attend` resets anyway.
+            Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        });
+        if let Some(s) = free {
+            return s;
+        }
+        std::hint::spin_loop();
     }
 }
 

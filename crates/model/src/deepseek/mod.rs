@@ -23,7 +23,7 @@
 //! computed once per token per call, `rope_cos_sin(.., rope_mscale, ..)`, and shared by every
 //! layer and head). The embedding lookup and the final norm + LM head of the wanted rows are
 //! the Llama path's (`embed_head.rs`); attention is `mla.rs` (one sweep of the latent rows per
-//! token for all heads, online softmax), the router and experts `moe.rs`; the matmuls, dots,
+//! token for all heads, online softmax; the batch's tokens spread over the pool), the router and experts `moe.rs`; the matmuls, dots,
 //! axpys, norms and residual adds are the kernel crate's. The plain loops these replaced are
 //! kept as reference twins with differential tests (`mla::attend_ref`,
 //! `moe::matmul_f32_ref`).
@@ -50,6 +50,7 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::glu::matmul_silu_mul;
 use tokenmill_kernels::matmul::matmul;
 use tokenmill_kernels::ops::{RopeStyle, add_in_place, add_rms_norm, rms_norm, rope_with};
+use tokenmill_kernels::pool::parallel_chunks_mut;
 
 pub use config::{DeepSeekConfig, Routing};
 pub use gguf::ARCH as GGUF_ARCH;
@@ -58,11 +59,11 @@ pub use moe::{RouteScratch, route};
 pub(crate) use workspace::DeepSeekBuffers;
 
 use crate::ModelError;
-use crate::Workspace;
 use crate::batch::SeqChunk;
 use crate::embed_head::{self, embed_batch};
 use crate::store::WeightStore;
 use crate::workspace::resize;
+use crate::{Workspace, compute_pool};
 use weights::{Ffn, Layer, Mlp, QProj, Weights};
 
 pub struct DeepSeekModel {
@@ -183,19 +184,23 @@ impl DeepSeekModel {
         self.queries(lw, &ws.xn, d);
         self.write_latents(l, lw, chunks, kv, &ws.xn, &ws.rope_cs, &ws.tok_pos, d);
         let out = resize(&mut d.attn, n_tok * nh * c.v_head_dim); // [T, H·v]
-        for ((q, oh), &(ci, pos)) in
-            d.q.chunks_exact(nh * qk)
-                .zip(out.chunks_exact_mut(nh * c.v_head_dim))
-                .zip(&ws.tok_pos)
-        {
+        let pool = compute_pool();
+        if d.mla.len() < pool.num_threads() {
+            d.mla.resize_with(pool.num_threads(), Default::default);
+        }
+        let (q, scratch, tok_pos, kv) = (&d.q, &d.mla, &ws.tok_pos, &*kv);
+        // One task per token: a token's result depends only on its own row and keys.
+        parallel_chunks_mut(pool, out, nh * c.v_head_dim, |t, oh| {
+            let (ci, pos) = tok_pos[t];
             let keys = mla::Keys {
-                kv: &*kv,
+                kv,
                 layer: l,
                 table: chunks[ci].block_table,
                 n_keys: pos + 1,
             };
-            mla::attend(c, &lw.kv_b, q, keys, &mut d.mla, oh);
-        }
+            let mut s = mla::free_scratch(scratch);
+            mla::attend(c, &lw.kv_b, &q[t * nh * qk..][..nh * qk], keys, &mut s, oh);
+        });
         let proj = resize(&mut ws.proj, n_tok * c.hidden);
         matmul(out, &lw.o.view(&self.store), proj);
         add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, c.rms_eps, &mut ws.xn);

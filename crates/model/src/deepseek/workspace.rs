@@ -7,9 +7,12 @@
 //! way a forward pass allocates nothing once the workspace has seen the batch shape
 //! (`tests/zero_alloc_deepseek.rs` counts).
 
+use std::sync::Mutex;
+
 use super::config::DeepSeekConfig;
 use super::mla::MlaScratch;
 use super::moe::MoeScratch;
+use crate::compute_pool;
 
 /// Buffers of the MLA and MoE sub-layers, `T` tokens per call.
 #[derive(Debug, Default)]
@@ -25,8 +28,9 @@ pub(crate) struct DeepSeekBuffers {
     pub(super) attn: Vec<f32>,
     /// The dense FFN's `silu(gate) ⊙ up` `[T, ffn_hidden]`.
     pub(super) ffn: Vec<f32>,
-    /// One token's attention state.
-    pub(super) mla: MlaScratch,
+    /// One token's attention state per pool thread (tokens attend in parallel, each task
+    /// locking a free one: at most the pool's thread count run at once).
+    pub(super) mla: Vec<Mutex<MlaScratch>>,
     /// Routing and the grouped expert pass.
     pub(super) moe: MoeScratch,
 }
@@ -45,7 +49,9 @@ impl DeepSeekBuffers {
             ckv: buf(t * cfg.latent_dim()),
             attn: buf(t * nh * cfg.v_head_dim),
             ffn: buf(t * cfg.ffn_hidden),
-            mla: MlaScratch::new(cfg),
+            mla: (0..compute_pool().num_threads())
+                .map(|_| Mutex::new(MlaScratch::new(cfg)))
+                .collect(),
             moe: MoeScratch::new(cfg, t),
         }
     }
