@@ -155,14 +155,20 @@ fn median(reps: usize, mut f: impl FnMut() -> anyhow::Result<Outcome>) -> Outcom
 
 fn report(name: &str, o: &Outcome) {
     let secs = o.time.as_secs_f64();
-    let total = o.ops.sum().as_secs_f64().max(1e-12);
     let rate = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v / secs / 1e9));
-    let shares: Vec<String> = OpKind::ALL
+    // Shares of the wall time; what no op recorded (the DeepSeek forward records only the
+    // embedding and the LM head, which it shares with the Llama path) is shown as such.
+    let wall = secs.max(1e-12);
+    let mut shares: Vec<String> = OpKind::ALL
         .iter()
-        .map(|&k| (k, o.ops.total(k).as_secs_f64() / total))
+        .map(|&k| (k, o.ops.total(k).as_secs_f64() / wall))
         .filter(|(_, s)| *s >= 0.005)
         .map(|(k, s)| format!("{} {:.0}%", k.name(), s * 100.0))
         .collect();
+    let rest = 1.0 - o.ops.sum().as_secs_f64() / wall;
+    if rest >= 0.005 {
+        shares.push(format!("unattributed {:.0}%", rest * 100.0));
+    }
     println!(
         "{:<12} {:>8} {:>10.1} {:>10.1} {:>9} {:>8}  {}",
         name,
