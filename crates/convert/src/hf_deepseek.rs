@@ -50,7 +50,7 @@ use std::path::Path;
 use serde_json::Value as Json;
 use tokenmill_gguf::{GgmlType, TensorInfo, TensorSpec, Value};
 use tokenmill_model::deepseek::{DeepSeekConfig, DeepSeekModel, Routing};
-use tokenmill_model::{TensorRef, WeightStore};
+use tokenmill_model::{ModelError, TensorRef, WeightStore};
 
 use crate::QuantizeOptions;
 use crate::error::{ConvertError, Result};
@@ -353,8 +353,10 @@ pub(crate) fn convert(
         source,
     };
     let model = DeepSeekModel::load_hf_dir(dir).map_err(load)?;
-    let raw: Json = serde_json::from_str(&tokenmill_model::read_config_json(dir).map_err(load)?)
-        .expect("config.json parsed when the model loaded");
+    let text = tokenmill_model::read_config_json(dir).map_err(load)?;
+    // Parsed once already by the loader; a file changed in between is still an error, not a panic.
+    let raw: Json = serde_json::from_str(&text)
+        .map_err(|e| load(ModelError::BadConfig(format!("config.json: {e}"))))?;
     let (c, store) = (model.config(), model.store());
     let tensors = tensors(store, c)?;
     let name = crate::hf::model_name(dir);
