@@ -220,25 +220,42 @@ pub(crate) fn convert(
     let tensors = tensors(store, cfg)?;
     let mut meta = arch_metadata(cfg, &model_name(dir), options.target);
     meta.extend(crate::vocab::tokenizer_metadata(dir, cfg.vocab_size)?);
-    let tied = tensors.iter().all(|t| t.info.name != "output.weight");
-    let specs: Vec<TensorSpec> = tensors
+    let infos: Vec<TensorInfo> = tensors.iter().map(|t| t.info.clone()).collect();
+    let data = |i: usize| source_bytes(store, &tensors[i]);
+    write_export(output, &meta, &infos, |_| false, data, options, on_tensor)
+}
+
+/// Writes a folder's export: the tensors `infos` (sources, in file order) with bytes from
+/// `data`, 1-D tensors and those `keep_f32` picks as F32, every other matrix of
+/// [`choose_type`]'s type for the target (the output rule applying to a tied embedding when
+/// there is no `output.weight`).
+pub(crate) fn write_export<'a>(
+    output: &Path,
+    meta: &[(String, Value)],
+    infos: &[TensorInfo],
+    keep_f32: impl Fn(&TensorInfo) -> bool,
+    data: impl Fn(usize) -> Cow<'a, [u8]>,
+    options: &QuantizeOptions,
+    on_tensor: &mut dyn FnMut(&TensorReport),
+) -> Result<Report> {
+    let tied = infos.iter().all(|t| t.name != "output.weight");
+    let specs: Vec<TensorSpec> = infos
         .iter()
         .map(|t| TensorSpec {
-            name: t.info.name.clone(),
-            dims: t.info.dims.clone(),
-            ty: match t.info.dims.len() {
-                1 => GgmlType::F32,
-                _ => choose_type(&t.info, options.target, tied),
+            name: t.name.clone(),
+            dims: t.dims.clone(),
+            ty: if t.dims.len() == 1 || keep_f32(t) {
+                GgmlType::F32
+            } else {
+                choose_type(t, options.target, tied)
             },
         })
         .collect();
-    let infos: Vec<TensorInfo> = tensors.iter().map(|t| t.info.clone()).collect();
     let plan = OutputPlan {
-        meta: &meta,
-        sources: &infos,
+        meta,
+        sources: infos,
         specs: &specs,
     };
-    let data = |i: usize| source_bytes(store, &tensors[i]);
     write_gguf(output, &plan, data, options.threads, on_tensor)
 }
 

@@ -37,8 +37,9 @@
 //!   absorption layout): `attn_k_b` is `W_UK_h` transposed, PyTorch shape `[H, r, nope]`, and
 //!   `attn_v_b` is `W_UV_h`, `[H, v, r]`.
 //! * Types: 1-D tensors and the router (`ffn_gate_inp`, which llama-quantize never quantizes)
-//!   are F32; other matrices get [`choose_type`]'s type for the target (a 3-D expert stack is
-//!   quantized row by row like a matrix of `E·rows` rows).
+//!   are F32; other matrices get [`choose_type`](crate::choose_type)'s type for the target (a
+//!   3-D expert stack is quantized row by row like a matrix of `E·rows` rows); `hf.rs`'s
+//!   `write_export` plans and writes the file for both folder kinds.
 //!
 //! The folder is loaded as a model first (`DeepSeekModel::load_hf_dir`), so a config that does
 //! not match its weights is refused before anything is written, and the file describes exactly
@@ -48,14 +49,13 @@ use std::borrow::Cow;
 use std::path::Path;
 
 use serde_json::Value as Json;
-use tokenmill_gguf::{GgmlType, TensorInfo, TensorSpec, Value};
+use tokenmill_gguf::{GgmlType, TensorInfo, Value};
 use tokenmill_model::deepseek::{DeepSeekConfig, DeepSeekModel, Routing};
 use tokenmill_model::{ModelError, TensorRef, WeightStore};
 
 use crate::QuantizeOptions;
 use crate::error::{ConvertError, Result};
-use crate::types::choose_type;
-use crate::write::{OutputPlan, Report, TensorReport, write_gguf};
+use crate::write::{Report, TensorReport};
 
 /// Where a GGUF tensor's bytes come from (every source is a float tensor of the folder).
 enum Source {
@@ -362,25 +362,8 @@ pub(crate) fn convert(
     let name = crate::hf::model_name(dir);
     let mut meta = arch_metadata(c, &raw, &name, options.target.llama_ftype());
     meta.extend(crate::vocab::tokenizer_metadata(dir, c.vocab_size)?);
-    let tied = tensors.iter().all(|t| t.info.name != "output.weight");
-    let specs: Vec<TensorSpec> = tensors
-        .iter()
-        .map(|t| TensorSpec {
-            name: t.info.name.clone(),
-            dims: t.info.dims.clone(),
-            ty: if t.info.dims.len() == 1 || t.info.name.ends_with("ffn_gate_inp.weight") {
-                GgmlType::F32
-            } else {
-                choose_type(&t.info, options.target, tied)
-            },
-        })
-        .collect();
     let infos: Vec<TensorInfo> = tensors.iter().map(|t| t.info.clone()).collect();
-    let plan = OutputPlan {
-        meta: &meta,
-        sources: &infos,
-        specs: &specs,
-    };
+    let router = |t: &TensorInfo| t.name.ends_with("ffn_gate_inp.weight");
     let data = |i: usize| source_bytes(store, &tensors[i]);
-    write_gguf(output, &plan, data, options.threads, on_tensor)
+    crate::hf::write_export(output, &meta, &infos, router, data, options, on_tensor)
 }
