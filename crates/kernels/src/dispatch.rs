@@ -182,6 +182,12 @@ impl ActFormat {
         }
     }
 
+    /// Bytes of the activation blocks that meet one block of weight type `ty` (several A16
+    /// blocks of 32 per k-quant block of 256).
+    pub const fn block_bytes_per(self, ty: GgmlType) -> usize {
+        ty.block_size() / self.block_size() * self.block_bytes()
+    }
+
     /// ggml's partner of weight type `ty` (`GgmlType::vec_dot_type`), if any.
     pub fn ggml_partner(ty: GgmlType) -> Option<ActFormat> {
         match ty.vec_dot_type()? {
@@ -253,7 +259,7 @@ pub struct DotKernel {
     pub w_block_bytes: usize,
     /// The activation format.
     pub act: ActFormat,
-    /// Bytes per activation block.
+    /// Bytes of activation blocks per weight block ([`ActFormat::block_bytes_per`]).
     pub a_block_bytes: usize,
     /// The weight layout the kernel reads.
     pub layout: Layout,
@@ -360,7 +366,8 @@ impl DotKernel {
         unsafe { self.dot_tile(nb, w, n_w, a, a_stride, n_a, out.as_mut_ptr(), out_stride) }
     }
 
-    /// Quantizes `x` (`nb` blocks of `block_size` values) into `y` (`nb` activation blocks).
+    /// Quantizes `x` (`nb` blocks of `block_size` values) into `y` (`nb · a_block_bytes`
+    /// bytes).
     ///
     /// Panics if the lengths do not match.
     #[inline]
@@ -446,7 +453,8 @@ impl Kernels {
     }
 
     /// The integer dot kernel of weight type `ty` against activation format `act`, or `None`
-    /// if there is none (float weights; A16 with a k-quant; Q8 with the wrong partner).
+    /// if there is none (float weights; A16 with a k-quant, but for the scalar tier's Q4_K —
+    /// the reference of its Rows16 kernels; Q8 with the wrong partner).
     pub fn dot_kernel(&self, ty: GgmlType, act: ActFormat) -> Option<DotKernel> {
         let f = if act == ActFormat::A16 {
             self.fns.dots_a16[ty as usize]?
@@ -460,7 +468,7 @@ impl Kernels {
             block_size: ty.block_size(),
             w_block_bytes: ty.type_size(),
             act,
-            a_block_bytes: act.block_bytes(),
+            a_block_bytes: act.block_bytes_per(ty),
             layout: Layout::Ggml,
             max_rows: MAX_ROWS,
             quantize: self.quantizer(act),
@@ -477,7 +485,7 @@ impl Kernels {
                 block_size: w.ty.block_size(),
                 w_block_bytes: w.ty.type_size(),
                 act: ActFormat::A16,
-                a_block_bytes: ActFormat::A16.block_bytes(),
+                a_block_bytes: ActFormat::A16.block_bytes_per(w.ty),
                 layout: Layout::Rows16,
                 max_rows: MAX_ROWS_16,
                 quantize: self.quantizer(ActFormat::A16),

@@ -97,7 +97,7 @@ impl<'a> QMatrix<'a> {
             Layout::Ggml => dequantize_row(self.ty, self.row(r), dst),
             Layout::Rows16 => {
                 assert!(r < self.rows && dst.len() == self.cols, "row {r}");
-                let mut block = [0u8; 64];
+                let mut block = [0u8; 256];
                 let block = &mut block[..self.ty.type_size()];
                 for (b, d) in dst.chunks_exact_mut(self.ty.block_size()).enumerate() {
                     let gb = rows16::group_block(self.ty, self.cols, self.data, r, b);

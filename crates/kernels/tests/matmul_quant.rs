@@ -15,9 +15,10 @@
 //! tile, the chunk or a Rows16 group; token counts 1, 7 and 33 (not multiples of the four- or
 //! eight-row kernels).
 //!
-//! Q4_0, Q4_1 and Q8_0 also run repacked into the Rows16 layout ([`PackedMatrix`], what the
-//! model loads them as), against the same references computed on the GGUF rows; and a Rows16
-//! output must not depend on the other token rows of the call (batch invariance).
+//! Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K also run repacked into the Rows16 layout ([`PackedMatrix`],
+//! what the model loads them as), against A16 references computed on the GGUF rows (Q4_K
+//! too: its Rows16 kernels take A16, not Q8_K); and a Rows16 output must not depend on the
+//! other token rows of the call (batch invariance).
 
 use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
 use tokenmill_kernels::matmul::{Layout, PackedMatrix, QMatrix, matmul, matmul_with};
@@ -39,6 +40,15 @@ const TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
+];
+
+/// The types with a Rows16 layout.
+const ROWS16_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
 ];
 
 /// `(n rows, k columns in blocks, n_tokens)`. The last has rows long enough that a chunk is
@@ -109,6 +119,14 @@ impl Case {
         out
     }
 
+    /// The activation format `matmul` quantizes to for this case: A16 for every Rows16 type.
+    fn act(&self) -> Option<ActFormat> {
+        match self.packed {
+            Some(_) => Some(ActFormat::A16),
+            None => ActFormat::for_matmul(self.ty),
+        }
+    }
+
     fn w_row(&self, r: usize) -> Vec<f32> {
         let mut row = vec![0f32; self.k];
         self.matrix().dequantize_row_into(r, &mut row);
@@ -122,7 +140,7 @@ fn reference(case: &Case, t: usize, r: usize) -> (f64, f64) {
     let x = &case.x[t * k..(t + 1) * k];
     let w = case.ggml().row(r);
     let wd = case.w_row(r);
-    let Some(act) = ActFormat::for_matmul(case.ty) else {
+    let Some(act) = case.act() else {
         let exact: f64 = wd.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
         let mag: f64 = wd
             .iter()
@@ -133,6 +151,7 @@ fn reference(case: &Case, t: usize, r: usize) -> (f64, f64) {
     };
     let scalar = Kernels::new(Tier::Scalar).unwrap();
     let mut a = vec![0u8; k / act.block_size() * act.block_bytes()];
+    // (`vec_dot` of Q4_K with A16 is the scalar tier's reference of the Rows16 kernels.)
     scalar.quantize_act(act, x, &mut a);
     let want = scalar.vec_dot(case.ty, act, k, w, &a) as f64;
     let mut ad = vec![0f32; k];
@@ -215,7 +234,7 @@ fn matmul_is_close_to_the_f32_product() {
             continue;
         };
         let out = case.run(&pool, kernels);
-        let act = ActFormat::for_matmul(ty);
+        let act = case.act();
         let block = act.map_or(32, |a| a.block_size());
         // A16 has 32767 levels a side, Q8_K 127.
         let levels = if act == Some(ActFormat::A16) {
@@ -260,7 +279,7 @@ fn cases() -> impl Iterator<Item = (GgmlType, Layout)> {
 fn rows16_outputs_do_not_depend_on_the_other_token_rows() {
     let pool = ThreadPool::new(2);
     let mut rng = SplitMix64::new(0xB1);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in ROWS16_TYPES {
         let case = Case::new(&mut rng, ty, 37, 5, 19)
             .in_layout(Layout::Rows16)
             .unwrap();
@@ -290,7 +309,7 @@ fn rows16_outputs_do_not_depend_on_the_other_token_rows() {
 #[test]
 fn rows16_rows_dequantize_like_the_gguf_rows() {
     let mut rng = SplitMix64::new(0xDE);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
+    for ty in ROWS16_TYPES {
         let case = Case::new(&mut rng, ty, 21, 3, 1)
             .in_layout(Layout::Rows16)
             .unwrap();

@@ -22,8 +22,9 @@
 use std::mem::{align_of, size_of};
 
 use super::blocks::{
-    Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK, cast_blocks,
+    Block, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK, cast_blocks,
 };
+use super::types::QK_K;
 
 /// One A16 block: 32 activations as `d · q`, `q: i16`.
 #[repr(C)]
@@ -177,6 +178,26 @@ pub fn vec_dot_q5_1_a16(n: usize, w: &[u8], a: &[BlockA16]) -> f32 {
     for (bw, ba) in w.iter().zip(a) {
         let sumi = isum(&bw.quants(), ba);
         sumf += bw.d.to_f32() * ba.d() * sumi as f32 + bw.m.to_f32() * ba.s();
+    }
+    sumf
+}
+
+/// Q4_K weights · A16 activations (8 A16 blocks per weight block): per sub-block `j`,
+/// `d·sc_j · d_a · sumi + dmin·m_j · (−s_a)` — the reference of the Rows16 Q4_K kernels (the
+/// k-quants otherwise pair with ggml's Q8_K).
+#[allow(non_snake_case)]
+pub fn vec_dot_q4_K_a16(n: usize, w: &[u8], a: &[BlockA16]) -> f32 {
+    debug_assert_eq!(n % QK_K, 0);
+    let w: &[BlockQ4_K] = cast_blocks(w);
+    debug_assert_eq!(w.len() * (QK_K / QK), a.len());
+    let mut sumf = 0f32;
+    for (bw, ba) in w.iter().zip(a.chunks_exact(QK_K / QK)) {
+        let (q, (sc, m)) = (bw.quants(), bw.scales_mins());
+        let (d, dmin) = (bw.d.to_f32(), bw.dmin.to_f32());
+        for (j, ba) in ba.iter().enumerate() {
+            let qj: &[u8; QK] = q[QK * j..QK * (j + 1)].try_into().unwrap();
+            sumf += super::rows16::k4_dot(d, dmin, sc[j], m[j], ba, isum(qj, ba));
+        }
     }
     sumf
 }

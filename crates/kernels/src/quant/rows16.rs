@@ -1,6 +1,6 @@
-//! Rows16: tokenmill's interleaved layout of a 32-element weight format (Q4_0, Q4_1, Q8_0),
-//! repacked once at load so that one SIMD lane holds one weight row — with its packer,
-//! unpacker and reference dot product (the plain twin of the SIMD kernels).
+//! Rows16: tokenmill's interleaved layout of a quantized weight format (Q4_0, Q4_1, Q5_0, Q8_0
+//! and Q4_K), repacked once at load so that one SIMD lane holds one weight row — with its
+//! packer, unpacker and reference dot product (the plain twin of the SIMD kernels).
 //!
 //! Why: in ggml's layout a row's block is one vector of 32 quants, so every (weight row,
 //! activation row, block) ends in a horizontal sum, a scale multiply and an FMA of its own —
@@ -10,45 +10,67 @@
 //! the scales of 16 rows are applied with one FMA. The same bytes as ggml's, permuted.
 //!
 //! Layout: the rows are cut into groups of [`GROUP`] = 16 (the last one padded with all-zero
-//! rows, which contribute 0); a group is `nb` group-blocks back to back, one per block of 32
-//! columns, each `16 × type_size` bytes — for row `r` of the group and column `k` of the block:
+//! rows, which contribute 0); a group is `nb` group-blocks back to back, one per ggml block
+//! (32 columns, or 256 for Q4_K), each `16 × type_size` bytes — for row `r` of the group:
 //! * `d: [f16; 16]` (the row scales), then for Q4_1 `m: [f16; 16]` (the row offsets);
-//! * Q4_0 / Q4_1 quants, 8 chunks of 32 bytes: byte `2r + e` of chunk `c` holds column
+//! * Q4_0 / Q4_1 / Q5_0 nibbles, 8 chunks of 32 bytes: byte `2r + e` of chunk `c` holds column
 //!   `2c + e` in its low nibble and column `16 + 2c + e` in its high nibble;
-//! * Q8_0 quants, 16 chunks of 32 bytes: byte `2r + e` of chunk `c` is column `2c + e`.
+//! * Q5_0's fifth bits after them, 2 planes of 32 bytes: byte `2r + e` of plane `c / 4` holds
+//!   the fifth bit of column `2c + e` as bit `2 (c % 4)` and of column `16 + 2c + e` as bit
+//!   `2 (c % 4) + 1` — one plane, widened once, serves four nibble chunks;
+//! * Q8_0 quants, 16 chunks of 32 bytes: byte `2r + e` of chunk `c` is column `2c + e`;
+//! * Q4_K: `d: [f16; 16]`, `dmin: [f16; 16]`, the 12 packed 6-bit scale bytes as 3 planes of
+//!   16 little-endian u32 (plane `k`, lane `r`: bytes `4k..4k + 4` of row `r`'s scales), then
+//!   its 8 sub-blocks of 32 columns, each 256 bytes in the Q4 nibble layout above.
 //!
 //! Widened to i16, a 32-byte chunk is 16 lanes of (row, two consecutive columns) pairs: what
 //! `vpmaddwd` / `vpdpwssd` multiply against one broadcast pair of A16 activations.
 
 use super::a16::BlockA16;
-use super::blocks::{BlockQ4_0, BlockQ4_1, BlockQ8_0, F16Le, QK, cast_blocks};
-use super::types::GgmlType;
+use super::blocks::{
+    BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ8_0, F16Le, K_SCALE_SIZE, QK, cast_blocks,
+    get_scale_min_k4,
+};
+use super::types::{GgmlType, QK_K};
 
 /// Weight rows per interleaved group.
 pub const GROUP: usize = 16;
 
+/// Byte offset of Q5_0's fifth-bit planes in a group-block (after `d` and the nibbles).
+pub const Q5_0_HBITS: usize = 2 * GROUP + 8 * 2 * GROUP;
+/// Byte offset of Q4_K's `dmin` in a group-block.
+pub const Q4_K_DMIN: usize = 2 * GROUP;
+/// Byte offset of Q4_K's scale planes in a group-block.
+pub const Q4_K_SCALES: usize = 4 * GROUP;
+/// Bytes of one Q4_K sub-block's nibbles in a group-block (32 columns of 16 rows).
+pub const Q4_K_SUB_BYTES: usize = QK * GROUP / 2;
+
 /// Whether `ty` has a Rows16 layout.
 pub fn supports(ty: GgmlType) -> bool {
-    matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0)
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K
+    )
 }
 
 /// Bytes of a Rows16 matrix of `rows × cols` (rows rounded up to whole groups).
 pub fn packed_bytes(ty: GgmlType, rows: usize, cols: usize) -> usize {
-    rows.div_ceil(GROUP) * GROUP * (cols / QK) * ty.type_size()
+    rows.div_ceil(GROUP) * GROUP * (cols / ty.block_size()) * ty.type_size()
 }
 
 /// Byte offset of the quants in a group-block (after the scales and offsets).
 pub const fn quants_offset(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 4 * GROUP,
+        GgmlType::Q4_K => Q4_K_SCALES + K_SCALE_SIZE * GROUP,
         _ => 2 * GROUP,
     }
 }
 
 /// Repacks `rows` ggml rows of `cols` elements of `ty` (`data`, as in GGUF) into Rows16.
 ///
-/// Panics if `ty` has no Rows16 layout, `cols` is not a multiple of 32 or `data` is shorter
-/// than the matrix.
+/// Panics if `ty` has no Rows16 layout, `cols` is not a multiple of its block or `data` is
+/// shorter than the matrix.
 pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; packed_bytes(ty, rows, cols)];
     pack_into(ty, rows, cols, data, &mut out);
@@ -60,40 +82,71 @@ pub fn pack(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
 /// Panics as [`pack`] does, or if `out` has another length.
 pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut [u8]) {
     assert!(supports(ty), "no Rows16 layout for {ty}");
-    assert!(cols.is_multiple_of(QK), "{cols} columns");
-    let (nb, ts) = (cols / QK, ty.type_size());
+    let bs = ty.block_size();
+    assert!(cols.is_multiple_of(bs), "{cols} columns");
+    let (nb, ts) = (cols / bs, ty.type_size());
     assert!(data.len() >= rows * nb * ts, "weight bytes");
     assert_eq!(out.len(), packed_bytes(ty, rows, cols), "packed bytes");
     out.fill(0);
+    let mut q = [0u8; QK_K];
     for (r, row) in data[..rows * nb * ts].chunks_exact(nb * ts).enumerate() {
         let (g, lane) = (r / GROUP, r % GROUP);
         for (b, block) in row.chunks_exact(ts).enumerate() {
             let gb = (g * nb + b) * GROUP * ts;
             let dst = &mut out[gb..gb + GROUP * ts];
-            let q = match ty {
+            match ty {
                 GgmlType::Q4_0 => {
                     let blk = &cast_blocks::<BlockQ4_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
-                    nibble_values(&blk.qs)
+                    q[..QK].copy_from_slice(&nibble_values(&blk.qs));
                 }
                 GgmlType::Q4_1 => {
                     let blk = &cast_blocks::<BlockQ4_1>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
                     dst[2 * GROUP + 2 * lane..][..2].copy_from_slice(&blk.m.0);
-                    nibble_values(&blk.qs)
+                    q[..QK].copy_from_slice(&nibble_values(&blk.qs));
+                }
+                GgmlType::Q5_0 => {
+                    let blk = &cast_blocks::<BlockQ5_0>(block)[0];
+                    dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
+                    let qh = u32::from_le_bytes(blk.qh);
+                    let low = nibble_values(&blk.qs);
+                    for (k, v) in q[..QK].iter_mut().enumerate() {
+                        *v = low[k] | (((qh >> k) & 1) as u8) << 4;
+                    }
+                }
+                GgmlType::Q4_K => {
+                    let blk = &cast_blocks::<BlockQ4_K>(block)[0];
+                    dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
+                    dst[Q4_K_DMIN + 2 * lane..][..2].copy_from_slice(&blk.dmin.0);
+                    for (k, s) in blk.scales.chunks_exact(4).enumerate() {
+                        dst[Q4_K_SCALES + 4 * (GROUP * k + lane)..][..4].copy_from_slice(s);
+                    }
+                    q.copy_from_slice(&blk.quants());
                 }
                 _ => {
                     let blk = &cast_blocks::<BlockQ8_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
-                    blk.qs.map(|q| q as u8)
+                    q[..QK].copy_from_slice(&blk.qs.map(|q| q as u8));
                 }
-            };
-            let qs = &mut dst[quants_offset(ty)..];
-            for (k, &v) in q.iter().enumerate() {
+            }
+            for (k, &v) in q[..bs].iter().enumerate() {
                 let (i, shift) = quant_position(ty, lane, k);
-                qs[i] |= v << shift;
+                dst[quants_offset(ty) + i] |= (v & low_mask(ty)) << shift;
+                if ty == GgmlType::Q5_0 {
+                    let (i, bit) = high_bit_position(lane, k);
+                    dst[i] |= (v >> 4) << bit;
+                }
             }
         }
+    }
+}
+
+/// The bits of a quant stored in its nibble or byte (Q5_0's fifth bit lives apart).
+const fn low_mask(ty: GgmlType) -> u8 {
+    match ty {
+        GgmlType::Q8_0 => 0xFF,
+        _ => 0x0F,
     }
 }
 
@@ -111,26 +164,56 @@ fn nibble_values(qs: &[u8; QK / 2]) -> [u8; QK] {
 /// Where column `k` of lane `lane` lives in a group-block's quants: (byte, bit shift).
 #[inline]
 fn quant_position(ty: GgmlType, lane: usize, k: usize) -> (usize, u32) {
-    let (pair, e) = (k / 2, k % 2);
     match ty {
-        GgmlType::Q8_0 => (pair * 2 * GROUP + 2 * lane + e, 0),
-        // Columns 0..16 in the low nibbles of chunks 0..8, 16..32 in the high nibbles.
-        _ => (
-            (pair % 8) * 2 * GROUP + 2 * lane + e,
-            if k < 16 { 0 } else { 4 },
-        ),
+        GgmlType::Q8_0 => ((k / 2) * 2 * GROUP + 2 * lane + k % 2, 0),
+        // Sub-block `k / 32`, each in the 32-column nibble layout.
+        GgmlType::Q4_K => {
+            let (i, shift) = nibble_position(lane, k % QK);
+            (k / QK * Q4_K_SUB_BYTES + i, shift)
+        }
+        _ => nibble_position(lane, k),
     }
 }
 
-/// The raw quant of column `k` of lane `lane` in group-block `gb` (0..16 for Q4, i8 for Q8_0).
+/// Columns 0..16 in the low nibbles of chunks 0..8, 16..32 in the high nibbles.
+#[inline]
+fn nibble_position(lane: usize, k: usize) -> (usize, u32) {
+    let (pair, e) = (k / 2, k % 2);
+    (
+        (pair % 8) * 2 * GROUP + 2 * lane + e,
+        if k < 16 { 0 } else { 4 },
+    )
+}
+
+/// Where Q5_0's fifth bit of column `k` of lane `lane` lives in a group-block: (byte, bit).
+#[inline]
+fn high_bit_position(lane: usize, k: usize) -> (usize, u32) {
+    let c = (k / 2) % 8;
+    (
+        Q5_0_HBITS + (c / 4) * 2 * GROUP + 2 * lane + k % 2,
+        2 * (c % 4) as u32 + (k >= 16) as u32,
+    )
+}
+
+/// The raw quant of column `k` of lane `lane` in group-block `gb` (0..16 for Q4 and Q4_K,
+/// 0..32 for Q5_0, i8 for Q8_0).
 #[inline]
 fn raw_quant(ty: GgmlType, gb: &[u8], lane: usize, k: usize) -> i32 {
     let (i, shift) = quant_position(ty, lane, k);
     let byte = gb[quants_offset(ty) + i];
     match ty {
         GgmlType::Q8_0 => byte as i8 as i32,
+        GgmlType::Q5_0 => {
+            let (i, bit) = high_bit_position(lane, k);
+            (((byte >> shift) & 0x0F) | (((gb[i] >> bit) & 1) << 4)) as i32
+        }
         _ => ((byte >> shift) & 0x0F) as i32,
     }
+}
+
+/// The 12 scale bytes of lane `lane` of a Q4_K group-block.
+fn k4_scale_bytes(gb: &[u8], lane: usize) -> [u8; K_SCALE_SIZE] {
+    std::array::from_fn(|i| gb[Q4_K_SCALES + 4 * (GROUP * (i / 4) + lane) + i % 4])
 }
 
 #[inline]
@@ -139,11 +222,11 @@ fn f16_at(gb: &[u8], i: usize) -> f32 {
 }
 
 /// Writes row `r` of a Rows16 matrix (`cols` elements of `ty`) back in ggml's layout into
-/// `dst` (`cols / 32 · type_size` bytes): the inverse of [`pack`].
+/// `dst` (`cols / block_size · type_size` bytes): the inverse of [`pack`].
 ///
 /// Panics if `r` or a length does not fit.
 pub fn unpack_row(ty: GgmlType, cols: usize, packed: &[u8], r: usize, dst: &mut [u8]) {
-    let (nb, ts) = (cols / QK, ty.type_size());
+    let (nb, ts) = (cols / ty.block_size(), ty.type_size());
     assert_eq!(dst.len(), nb * ts, "row bytes");
     for (b, out) in dst.chunks_exact_mut(ts).enumerate() {
         unpack_block(ty, group_block(ty, cols, packed, r, b), r % GROUP, out);
@@ -152,7 +235,7 @@ pub fn unpack_row(ty: GgmlType, cols: usize, packed: &[u8], r: usize, dst: &mut 
 
 /// The group-block holding block `b` of row `r` of a Rows16 matrix of `cols` columns.
 pub fn group_block(ty: GgmlType, cols: usize, packed: &[u8], r: usize, b: usize) -> &[u8] {
-    let (nb, gbytes) = (cols / QK, GROUP * ty.type_size());
+    let (nb, gbytes) = (cols / ty.block_size(), GROUP * ty.type_size());
     &packed[(r / GROUP * nb + b) * gbytes..][..gbytes]
 }
 
@@ -164,68 +247,115 @@ pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
     assert!(supports(ty), "no Rows16 layout for {ty}");
     assert!(lane < GROUP && gb.len() == GROUP * ty.type_size() && out.len() == ty.type_size());
     out[..2].copy_from_slice(&gb[2 * lane..2 * lane + 2]);
-    let q: [i32; QK] = std::array::from_fn(|k| raw_quant(ty, gb, lane, k));
+    let bs = ty.block_size();
+    let q: Vec<u8> = (0..bs).map(|k| raw_quant(ty, gb, lane, k) as u8).collect();
+    // Q4 nibbles in ggml's order: byte `j` holds columns `j` and `j + 16`.
+    let pack_nibbles = |q: &[u8], qs: &mut [u8]| {
+        for (j, o) in qs.iter_mut().enumerate() {
+            *o = (q[j] & 0x0F) | (q[j + 16] << 4);
+        }
+    };
     match ty {
-        GgmlType::Q8_0 => {
-            for (o, &v) in out[2..].iter_mut().zip(&q) {
-                *o = v as i8 as u8;
-            }
+        GgmlType::Q8_0 => out[2..].copy_from_slice(&q),
+        GgmlType::Q4_0 => pack_nibbles(&q, &mut out[2..]),
+        GgmlType::Q4_1 => {
+            out[2..4].copy_from_slice(&gb[2 * GROUP + 2 * lane..][..2]);
+            pack_nibbles(&q, &mut out[4..]);
+        }
+        GgmlType::Q5_0 => {
+            let qh = q
+                .iter()
+                .enumerate()
+                .fold(0u32, |h, (k, &v)| h | (u32::from(v >> 4) << k));
+            out[2..6].copy_from_slice(&qh.to_le_bytes());
+            pack_nibbles(&q, &mut out[6..]);
         }
         _ => {
-            let qs = if ty == GgmlType::Q4_1 {
-                out[2..4].copy_from_slice(&gb[2 * GROUP + 2 * lane..][..2]);
-                &mut out[4..]
-            } else {
-                &mut out[2..]
-            };
-            for (j, o) in qs.iter_mut().enumerate() {
-                *o = (q[j] | (q[j + 16] << 4)) as u8;
+            // Q4_K: element `64c + 32h + l` is nibble `h` of `qs[32c + l]`.
+            out[2..4].copy_from_slice(&gb[Q4_K_DMIN + 2 * lane..][..2]);
+            out[4..4 + K_SCALE_SIZE].copy_from_slice(&k4_scale_bytes(gb, lane));
+            for (i, o) in out[4 + K_SCALE_SIZE..].iter_mut().enumerate() {
+                let (c, l) = (i / 32, i % 32);
+                *o = q[64 * c + l] | (q[64 * c + 32 + l] << 4);
             }
         }
     }
 }
 
 /// Reference dot product of lane `lane` of a Rows16 group (`nb` group-blocks at `group`) with
-/// an A16 activation row — exactly the A16 reference dot of the unpacked row
-/// ([`super::a16`]): `Σ_b d_w · d_a · sumi (+ m · s)`, the integer sums exact, in block order.
+/// an A16 activation row (`nb · block_size / 32` blocks) — exactly the A16 reference dot of
+/// the unpacked row ([`super::a16`]): per 32 columns `d_w · d_a · sumi` (`+ m · s` for Q4_1;
+/// for Q4_K `d · sc · d_a · sumi + dmin · m · (−s)` per sub-block), the integer sums exact, in
+/// column order.
 pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[BlockA16]) -> f32 {
-    let ts = ty.type_size();
-    assert!(group.len() >= nb * GROUP * ts && a.len() >= nb && lane < GROUP);
+    let (ts, subs) = (ty.type_size(), ty.block_size() / QK);
+    assert!(group.len() >= nb * GROUP * ts && a.len() >= nb * subs && lane < GROUP);
+    let offset = match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 0,
+    };
     let mut sumf = 0f32;
-    for (b, ba) in a[..nb].iter().enumerate() {
+    for b in 0..nb {
         let gb = &group[b * GROUP * ts..(b + 1) * GROUP * ts];
-        let qa = ba.quants();
-        let offset = if ty == GgmlType::Q4_0 { 8 } else { 0 };
-        let sumi: i32 = (0..QK)
-            .map(|k| (raw_quant(ty, gb, lane, k) - offset) * qa[k] as i32)
-            .sum();
         let d = f16_at(gb, 2 * lane);
-        sumf += if ty == GgmlType::Q4_1 {
-            d * ba.d() * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s()
-        } else {
-            d * ba.d() * sumi as f32
-        };
+        for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
+            let qa = ba.quants();
+            let sumi: i32 = (0..QK)
+                .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k] as i32)
+                .sum();
+            sumf += match ty {
+                GgmlType::Q4_1 => {
+                    d * ba.d() * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s()
+                }
+                GgmlType::Q4_K => {
+                    let (sc, m) = get_scale_min_k4(j, &k4_scale_bytes(gb, lane));
+                    let dmin = f16_at(gb, Q4_K_DMIN + 2 * lane);
+                    k4_dot(d, dmin, sc, m, ba, sumi)
+                }
+                _ => d * ba.d() * sumi as f32,
+            };
+        }
     }
     sumf
+}
+
+/// One Q4_K sub-block's term against an A16 block: `d·sc · d_a · sumi + dmin·m · (−s_a)`,
+/// with `d·sc` and `dmin·m` exact in f32 (an f16 times a 6-bit integer).
+#[inline]
+pub(crate) fn k4_dot(d: f32, dmin: f32, sc: u8, m: u8, a: &BlockA16, sumi: i32) -> f32 {
+    (d * sc as f32) * a.d() * sumi as f32 + (dmin * m as f32) * -a.s()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::testing::{SplitMix64, random_weight_row};
-    use crate::quant::{quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q8_0_a16};
+    use crate::quant::{
+        dequantize_row, quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16,
+        vec_dot_q5_0_a16, vec_dot_q8_0_a16,
+    };
+
+    const TYPES: [GgmlType; 5] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+    ];
 
     #[test]
     fn pack_then_unpack_gives_every_row_back() {
         let mut rng = SplitMix64::new(3);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            for (rows, cols) in [(1, 32), (15, 64), (16, 96), (17, 32), (40, 160)] {
+        for ty in TYPES {
+            for (rows, blocks) in [(1, 1), (15, 2), (16, 3), (17, 1), (40, 5)] {
+                let cols = blocks * ty.block_size();
                 let data: Vec<u8> = (0..rows)
                     .flat_map(|_| random_weight_row(&mut rng, ty, cols))
                     .collect();
                 let packed = pack(ty, rows, cols, &data);
                 assert_eq!(packed.len(), packed_bytes(ty, rows, cols));
-                let rb = cols / QK * ty.type_size();
+                let rb = cols / ty.block_size() * ty.type_size();
                 let mut row = vec![0u8; rb];
                 for r in 0..rows {
                     unpack_row(ty, cols, &packed, r, &mut row);
@@ -247,8 +377,8 @@ mod tests {
     #[test]
     fn reference_dot_equals_the_a16_reference_of_the_unpacked_row() {
         let mut rng = SplitMix64::new(4);
-        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0] {
-            let (rows, cols) = (19, 128);
+        for ty in TYPES {
+            let (rows, cols) = (19, 512);
             let data: Vec<u8> = (0..rows)
                 .flat_map(|_| random_weight_row(&mut rng, ty, cols))
                 .collect();
@@ -256,7 +386,8 @@ mod tests {
             let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
             let mut a = vec![BlockA16::ZERO; cols / QK];
             quantize_row_a16(&x, &mut a);
-            let (nb, rb) = (cols / QK, cols / QK * ty.type_size());
+            let nb = cols / ty.block_size();
+            let rb = nb * ty.type_size();
             for r in 0..rows {
                 let group = &packed[(r / GROUP) * nb * GROUP * ty.type_size()..];
                 let got = vec_dot_a16(ty, nb, group, r % GROUP, &a);
@@ -264,10 +395,35 @@ mod tests {
                 let want = match ty {
                     GgmlType::Q4_0 => vec_dot_q4_0_a16(cols, w, &a),
                     GgmlType::Q4_1 => vec_dot_q4_1_a16(cols, w, &a),
+                    GgmlType::Q5_0 => vec_dot_q5_0_a16(cols, w, &a),
+                    GgmlType::Q4_K => vec_dot_q4_K_a16(cols, w, &a),
                     _ => vec_dot_q8_0_a16(cols, w, &a),
                 };
                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} row {r}");
             }
+        }
+    }
+
+    /// The Q4_K reference (ggml layout, A16) is the dequantized row's f32 dot within the
+    /// activation quantization step and f32 rounding: what makes it a reference at all.
+    #[test]
+    fn q4_k_a16_reference_is_the_dequantized_dot() {
+        let mut rng = SplitMix64::new(5);
+        let cols = 1024;
+        for _ in 0..8 {
+            let w = random_weight_row(&mut rng, GgmlType::Q4_K, cols);
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+            let mut a = vec![BlockA16::ZERO; cols / QK];
+            quantize_row_a16(&x, &mut a);
+            let mut wd = vec![0f32; cols];
+            dequantize_row(GgmlType::Q4_K, &w, &mut wd);
+            let exact: f64 = wd.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
+            let mag: f64 = wd.iter().zip(&x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+            let wsum: f64 = wd.iter().map(|&w| (w as f64).abs()).sum();
+            let budget = wsum * amax / 32767.0 + 1e-5 * mag;
+            let got = vec_dot_q4_K_a16(cols, &w, &a) as f64;
+            assert!((got - exact).abs() <= budget, "{got} vs {exact} ({budget})");
         }
     }
 }

@@ -18,6 +18,10 @@ macro_rules! scalar_dot_rows {
         scalar_dot_rows!($name, $reference, $wty, $act, cast_blocks::<$act>);
     };
     ($name:ident, $reference:path, $wty:ident, $act:ty, $cast:expr) => {
+        scalar_dot_rows!($name, $reference, $wty, $act, $cast, 1);
+    };
+    // `$per`: activation blocks per weight block.
+    ($name:ident, $reference:path, $wty:ident, $act:ty, $cast:expr, $per:expr) => {
         /// Scalar tier: the reference kernel once per (weight row, activation row).
         ///
         /// # Safety
@@ -37,7 +41,7 @@ macro_rules! scalar_dot_rows {
                     let a = unsafe {
                         std::slice::from_raw_parts(
                             t.a.add(j * t.a_stride),
-                            t.nb * std::mem::size_of::<$act>(),
+                            t.nb * $per * std::mem::size_of::<$act>(),
                         )
                     };
                     *o = $reference(n, w, $cast(a));
@@ -88,6 +92,14 @@ scalar_dot_rows!(
     a16_blocks
 );
 scalar_dot_rows!(
+    q4_K_a16,
+    quant::vec_dot_q4_K_a16,
+    Q4_K,
+    BlockA16,
+    a16_blocks,
+    quant::QK_K / quant::QK
+);
+scalar_dot_rows!(
     q8_0_a16,
     quant::vec_dot_q8_0_a16,
     Q8_0,
@@ -103,6 +115,8 @@ scalar_dot_rows!(
 unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
     use quant::rows16::{GROUP, vec_dot_a16};
     let group_bytes = t.nb * GROUP * ty.type_size();
+    // A16 blocks of 32 per weight block.
+    let a_blocks = ty.block_size() / quant::QK;
     for i in 0..t.n_w {
         // SAFETY: the caller guarantees whole groups of `nb` group-blocks for every row.
         let group =
@@ -110,7 +124,7 @@ unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
         for j in 0..t.n_a {
             // SAFETY: the caller guarantees `nb` readable activation blocks per row.
             let a = unsafe {
-                std::slice::from_raw_parts(t.a.add(j * t.a_stride), t.nb * quant::A16_BYTES)
+                std::slice::from_raw_parts(t.a.add(j * t.a_stride), t.nb * a_blocks * quant::A16_BYTES)
             };
             let v = vec_dot_a16(ty, t.nb, group, i % GROUP, a16_blocks(a));
             // SAFETY: the caller guarantees the outputs are writable.
@@ -135,6 +149,24 @@ pub unsafe fn q4_0_rows16(t: &Tile) {
 /// As [`rows16_tile`].
 pub unsafe fn q4_1_rows16(t: &Tile) {
     unsafe { rows16_tile(quant::GgmlType::Q4_1, t) }
+}
+
+/// Scalar tier: Rows16 Q5_0 · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q5_0_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q5_0, t) }
+}
+
+/// Scalar tier: Rows16 Q4_K · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q4_K_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q4_K, t) }
 }
 
 /// Scalar tier: Rows16 Q8_0 · A16.
@@ -225,10 +257,15 @@ pub fn fns() -> TierFns {
     dots_a16[T::Q5_0 as usize] = Some(q5_0_a16);
     dots_a16[T::Q5_1 as usize] = Some(q5_1_a16);
     dots_a16[T::Q8_0 as usize] = Some(q8_0_a16);
+    // The reference of the Rows16 Q4_K kernels only: no SIMD tier pairs a k-quant in GGUF
+    // layout with A16.
+    dots_a16[T::Q4_K as usize] = Some(q4_K_a16);
     let mut dots_rows16: [Option<super::DotTileFn>; 15] = [None; 15];
     dots_rows16[T::Q4_0 as usize] = Some(q4_0_rows16);
     dots_rows16[T::Q4_1 as usize] = Some(q4_1_rows16);
+    dots_rows16[T::Q5_0 as usize] = Some(q5_0_rows16);
     dots_rows16[T::Q8_0 as usize] = Some(q8_0_rows16);
+    dots_rows16[T::Q4_K as usize] = Some(q4_K_rows16);
     TierFns {
         dots,
         dots_a16,

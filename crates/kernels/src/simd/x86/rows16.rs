@@ -1,5 +1,11 @@
 //! SIMD dot products of [Rows16](crate::quant::rows16) weights (16 interleaved rows of Q4_0,
-//! Q4_1 or Q8_0) with A16 activations: `matmul`'s kernels for those formats.
+//! Q4_1, Q5_0, Q8_0 or Q4_K) with A16 activations: `matmul`'s kernels for those formats.
+//!
+//! Q5_0 ORs its fifth bits (one plane widened per four nibble chunks) into the nibbles before
+//! the multiply-adds. Q4_K runs each 32-column sub-block as a Q4_1 block whose scale and
+//! offset are `d · sc` and `dmin · m` (decoded per sub-block from the three scale planes, 16
+//! rows at once) against the sub-block's own A16 block: `acc += f32(sumi) · (d·sc · d_a)`,
+//! then `acc += dmin·m · (−s_a)`.
 //!
 //! Per group-block and activation row: each 32-byte chunk of quants widens to 16 lanes of
 //! (row, two columns) i16 pairs, and one multiply-add against the activation pair broadcast
@@ -21,7 +27,7 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use crate::quant::rows16::GROUP;
+use crate::quant::rows16::{self, GROUP};
 use crate::simd::{MAX_ROWS_16, Tile};
 
 /// How far ahead of the current group-block to prefetch, in bytes.
@@ -45,8 +51,18 @@ pub trait Lanes16 {
     unsafe fn load_i8(p: *const u8) -> Self::I;
     /// Low and high nibbles of zero-extended bytes, as i16.
     unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I);
-    /// `x - 8` in every i16 lane.
-    unsafe fn sub8(x: Self::I) -> Self::I;
+    /// `x - v` in every i16 lane.
+    unsafe fn sub(x: Self::I, v: i16) -> Self::I;
+    /// `x | (((h >> bit) & 1) << 4)` in every i16 lane (a Q5_0 fifth bit into its nibble).
+    unsafe fn or_bit4(x: Self::I, h: Self::I, bit: i32) -> Self::I;
+    /// 16 little-endian u32 at `p`.
+    unsafe fn load_u32(p: *const u8) -> Self::I;
+    /// `(x >> shift) & mask` in every u32 lane.
+    unsafe fn shr_and(x: Self::I, shift: i32, mask: i32) -> Self::I;
+    /// Lane-wise bitwise or.
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I;
+    /// `f · f32(x)` per lane (`x` as i32).
+    unsafe fn mul_i(f: Self::F, x: Self::I) -> Self::F;
     /// `acc += Σ pairs of w · (the i16 pair at p, broadcast)`, exact in i32.
     unsafe fn dp(acc: Self::I, w: Self::I, p: *const u8) -> Self::I;
     /// Lane-wise i32 sum.
@@ -110,8 +126,39 @@ impl Lanes16 for Z512 {
         }
     }
     #[inline(always)]
-    unsafe fn sub8(x: __m512i) -> __m512i {
-        unsafe { _mm512_sub_epi16(x, _mm512_set1_epi16(8)) }
+    unsafe fn sub(x: __m512i, v: i16) -> __m512i {
+        unsafe { _mm512_sub_epi16(x, _mm512_set1_epi16(v)) }
+    }
+    #[inline(always)]
+    unsafe fn or_bit4(x: __m512i, h: __m512i, bit: i32) -> __m512i {
+        unsafe {
+            let b = _mm512_and_si512(
+                _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit)),
+                _mm512_set1_epi16(1),
+            );
+            _mm512_or_si512(x, _mm512_slli_epi16::<4>(b))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_u32(p: *const u8) -> __m512i {
+        unsafe { _mm512_loadu_si512(p.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn shr_and(x: __m512i, shift: i32, mask: i32) -> __m512i {
+        unsafe {
+            _mm512_and_si512(
+                _mm512_srl_epi32(x, _mm_cvtsi32_si128(shift)),
+                _mm512_set1_epi32(mask),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn or(a: __m512i, b: __m512i) -> __m512i {
+        unsafe { _mm512_or_si512(a, b) }
+    }
+    #[inline(always)]
+    unsafe fn mul_i(f: __m512, x: __m512i) -> __m512 {
+        unsafe { _mm512_mul_ps(f, _mm512_cvtepi32_ps(x)) }
     }
     #[inline(always)]
     unsafe fn dp(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
@@ -233,10 +280,54 @@ impl<D: Dp256> Lanes16 for Y256<D> {
         }
     }
     #[inline(always)]
-    unsafe fn sub8(x: Self::I) -> Self::I {
+    unsafe fn sub(x: Self::I, v: i16) -> Self::I {
         unsafe {
-            let e = _mm256_set1_epi16(8);
+            let e = _mm256_set1_epi16(v);
             (_mm256_sub_epi16(x.0, e), _mm256_sub_epi16(x.1, e))
+        }
+    }
+    #[inline(always)]
+    unsafe fn or_bit4(x: Self::I, h: Self::I, bit: i32) -> Self::I {
+        unsafe {
+            let (n, one) = (_mm_cvtsi32_si128(bit), _mm256_set1_epi16(1));
+            let b0 = _mm256_and_si256(_mm256_srl_epi16(h.0, n), one);
+            let b1 = _mm256_and_si256(_mm256_srl_epi16(h.1, n), one);
+            (
+                _mm256_or_si256(x.0, _mm256_slli_epi16::<4>(b0)),
+                _mm256_or_si256(x.1, _mm256_slli_epi16::<4>(b1)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_u32(p: *const u8) -> Self::I {
+        unsafe {
+            (
+                _mm256_loadu_si256(p.cast()),
+                _mm256_loadu_si256(p.add(32).cast()),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn shr_and(x: Self::I, shift: i32, mask: i32) -> Self::I {
+        unsafe {
+            let (n, m) = (_mm_cvtsi32_si128(shift), _mm256_set1_epi32(mask));
+            (
+                _mm256_and_si256(_mm256_srl_epi32(x.0, n), m),
+                _mm256_and_si256(_mm256_srl_epi32(x.1, n), m),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self::I, b: Self::I) -> Self::I {
+        unsafe { (_mm256_or_si256(a.0, b.0), _mm256_or_si256(a.1, b.1)) }
+    }
+    #[inline(always)]
+    unsafe fn mul_i(f: Self::F, x: Self::I) -> Self::F {
+        unsafe {
+            (
+                _mm256_mul_ps(f.0, _mm256_cvtepi32_ps(x.0)),
+                _mm256_mul_ps(f.1, _mm256_cvtepi32_ps(x.1)),
+            )
         }
     }
     #[inline(always)]
@@ -307,6 +398,9 @@ pub trait Fmt16 {
     const NIBBLES: bool;
     /// Nibbles are stored `+ 8` (Q4_0).
     const SUB8: bool;
+    /// Nibbles take a fifth bit from the planes at [`rows16::Q5_0_HBITS`] and are stored
+    /// `+ 16` (Q5_0; not a format of the AMX kernels).
+    const HBITS: bool = false;
 }
 
 /// Rows16 Q4_0.
@@ -315,6 +409,8 @@ pub struct R16Q4_0;
 pub struct R16Q4_1;
 /// Rows16 Q8_0.
 pub struct R16Q8_0;
+/// Rows16 Q5_0.
+pub struct R16Q5_0;
 
 impl Fmt16 for R16Q4_0 {
     const BYTES: usize = 16 * 18;
@@ -330,6 +426,15 @@ impl Fmt16 for R16Q4_1 {
     const HAS_M: bool = true;
     const NIBBLES: bool = true;
     const SUB8: bool = false;
+}
+
+impl Fmt16 for R16Q5_0 {
+    const BYTES: usize = 16 * 22;
+    const QS: usize = 32;
+    const HAS_M: bool = false;
+    const NIBBLES: bool = true;
+    const SUB8: bool = false;
+    const HBITS: bool = true;
 }
 
 impl Fmt16 for R16Q8_0 {
@@ -365,11 +470,21 @@ unsafe fn sums<F: Fmt16, L: Lanes16, const NA: usize>(
 ) {
     unsafe {
         if F::NIBBLES {
+            let mut h = L::zero_i();
             for c in 0..8 {
                 let (mut lo, mut hi) = L::nibbles(L::load_u8(qs.add(32 * c)));
                 if F::SUB8 {
-                    lo = L::sub8(lo);
-                    hi = L::sub8(hi);
+                    lo = L::sub(lo, 8);
+                    hi = L::sub(hi, 8);
+                }
+                if F::HBITS {
+                    if c % 4 == 0 {
+                        let plane = rows16::Q5_0_HBITS - F::QS + 2 * GROUP * (c / 4);
+                        h = L::load_u8(qs.add(plane));
+                    }
+                    let bit = 2 * (c % 4) as i32;
+                    lo = L::sub(L::or_bit4(lo, h, bit), 16);
+                    hi = L::sub(L::or_bit4(hi, h, bit + 1), 16);
                 }
                 for (acc, &a) in acc.iter_mut().zip(a) {
                     dp_into::<L>(acc, lo, a.add(4 * c), false);
@@ -428,10 +543,99 @@ unsafe fn group<F: Fmt16, L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, r
     }
 }
 
+/// A Rows16 format's kernel of one group × `NA` activation rows.
+pub trait Group16 {
+    /// One group (16 weight rows at `w`, the first `t.n_w - row0` of them real) × `NA`
+    /// activation rows, stored at `t.out` columns `row0..`.
+    unsafe fn group<L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, row0: usize);
+}
+
+impl<F: Fmt16> Group16 for F {
+    #[inline(always)]
+    unsafe fn group<L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
+        unsafe { group::<F, L, NA>(t, w, row0) }
+    }
+}
+
+/// Rows16 Q4_K.
+#[allow(non_camel_case_types)]
+pub struct R16Q4_K;
+
+/// Bytes of a Q4_K group-block.
+const Q4_K_BYTES: usize = 16 * 144;
+
+/// `(d · sc_j, dmin · m_j)` of sub-block `j` of the 16 rows of the Q4_K group-block at `wb`,
+/// decoded from its three scale planes as ggml's `get_scale_min_k4` does per row.
+#[inline(always)]
+unsafe fn k4_scales<L: Lanes16>(wb: *const u8, j: usize) -> (L::F, L::F) {
+    unsafe {
+        let plane = |k: usize| L::load_u32(wb.add(rows16::Q4_K_SCALES + 4 * GROUP * k));
+        let (u0, u1, u2) = (plane(0), plane(1), plane(2));
+        let (sc, m) = if j < 4 {
+            let s = 8 * j as i32;
+            (L::shr_and(u0, s, 63), L::shr_and(u1, s, 63))
+        } else {
+            // The low nibble from plane 2, the top two bits from planes 0 and 1.
+            let s = 8 * (j - 4) as i32;
+            (
+                L::or(L::shr_and(u2, s, 15), L::shr_and(u0, s + 2, 48)),
+                L::or(L::shr_and(u2, s + 4, 15), L::shr_and(u1, s + 2, 48)),
+            )
+        };
+        (
+            L::mul_i(L::f16(wb), sc),
+            L::mul_i(L::f16(wb.add(rows16::Q4_K_DMIN)), m),
+        )
+    }
+}
+
+impl Group16 for R16Q4_K {
+    /// Each sub-block of 32 columns is a Q4_1 block of scale `d·sc` and offset `dmin·m`
+    /// against its own A16 block (`8b + j`), the same two FMAs as the reference twin's order.
+    #[inline(always)]
+    unsafe fn group<L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
+        unsafe {
+            let n_rows = (t.n_w - row0).min(GROUP);
+            let split = NA <= 4;
+            let qs0 = rows16::quants_offset(crate::quant::GgmlType::Q4_K);
+            let mut acc = [L::zero_f(); NA];
+            for b in 0..t.nb {
+                let wb = w.add(b * Q4_K_BYTES);
+                for j in 0..8 {
+                    let qs = wb.add(qs0 + j * rows16::Q4_K_SUB_BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(qs.wrapping_add(PREFETCH).cast());
+                    let a: [*const u8; NA] = std::array::from_fn(|r| {
+                        t.a.add(r * t.a_stride + (8 * b + j) * A16_BYTES)
+                    });
+                    let qa: [*const u8; NA] = a.map(|p| p.add(A16_QS));
+                    let mut acc_i = [(L::zero_i(), L::zero_i()); NA];
+                    sums::<R16Q4_1, L, NA>(qs, &qa, &mut acc_i, split);
+                    let (dsc, dm) = k4_scales::<L>(wb, j);
+                    for r in 0..NA {
+                        let sumi = if split {
+                            L::add_i(acc_i[r].0, acc_i[r].1)
+                        } else {
+                            acc_i[r].0
+                        };
+                        let (da, sa) = (
+                            a[r].cast::<f32>().read_unaligned(),
+                            a[r].add(4).cast::<f32>().read_unaligned(),
+                        );
+                        acc[r] = L::offset(L::scale(acc[r], sumi, dsc, da), dm, -sa);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                L::store(*acc, t.out.add(r * t.out_stride + row0), n_rows);
+            }
+        }
+    }
+}
+
 /// A whole [`Tile`] of Rows16 weights: `t.w` is the tile's first group, `t.w_stride` the bytes
 /// of a group, `t.n_w` its rows (the last group may be partial), `1 <= t.n_a <= MAX_ROWS_16`.
 #[inline(always)]
-pub unsafe fn tile<F: Fmt16, L: Lanes16>(t: &Tile) {
+pub unsafe fn tile<G: Group16, L: Lanes16>(t: &Tile) {
     unsafe {
         debug_assert!((1..=MAX_ROWS_16).contains(&t.n_a));
         let mut row0 = 0;
@@ -439,14 +643,14 @@ pub unsafe fn tile<F: Fmt16, L: Lanes16>(t: &Tile) {
             let w = t.w.add(row0 / GROUP * t.w_stride);
             // No closures: they would not inherit the target features.
             match t.n_a {
-                1 => group::<F, L, 1>(t, w, row0),
-                2 => group::<F, L, 2>(t, w, row0),
-                3 => group::<F, L, 3>(t, w, row0),
-                4 => group::<F, L, 4>(t, w, row0),
-                5 => group::<F, L, 5>(t, w, row0),
-                6 => group::<F, L, 6>(t, w, row0),
-                7 => group::<F, L, 7>(t, w, row0),
-                _ => group::<F, L, 8>(t, w, row0),
+                1 => G::group::<L, 1>(t, w, row0),
+                2 => G::group::<L, 2>(t, w, row0),
+                3 => G::group::<L, 3>(t, w, row0),
+                4 => G::group::<L, 4>(t, w, row0),
+                5 => G::group::<L, 5>(t, w, row0),
+                6 => G::group::<L, 6>(t, w, row0),
+                7 => G::group::<L, 7>(t, w, row0),
+                _ => G::group::<L, 8>(t, w, row0),
             }
             row0 += GROUP;
         }

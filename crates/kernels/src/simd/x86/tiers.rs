@@ -95,7 +95,9 @@ macro_rules! tier {
             a16_entry!(q8_0_a16, q32::Q8_0);
             rows16_entry!(q4_0_rows16, rows16::R16Q4_0);
             rows16_entry!(q4_1_rows16, rows16::R16Q4_1);
+            rows16_entry!(q5_0_rows16, rows16::R16Q5_0);
             rows16_entry!(q8_0_rows16, rows16::R16Q8_0);
+            rows16_entry!(q4_K_rows16, rows16::R16Q4_K);
             k_entry!(q4_K_q8_K, kquants::q4_K_row);
             k_entry!(q5_K_q8_K, kquants::q5_K_row);
             k_entry!(q6_K_q8_K, kquants::q6_K_row);
@@ -195,7 +197,9 @@ macro_rules! tier {
                     |ty: GgmlType, f: crate::simd::DotTileFn| t.dots_rows16[ty as usize] = Some(f);
                 set(GgmlType::Q4_0, q4_0_rows16);
                 set(GgmlType::Q4_1, q4_1_rows16);
+                set(GgmlType::Q5_0, q5_0_rows16);
                 set(GgmlType::Q8_0, q8_0_rows16);
+                set(GgmlType::Q4_K, q4_K_rows16);
                 t.quantize_a16 = quantize_a16;
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
