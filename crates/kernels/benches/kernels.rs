@@ -34,9 +34,10 @@ use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weigh
 
 const HIDDEN: usize = 576;
 const FFN: usize = 1536;
-const TYPES: [GgmlType; 7] = [
+const TYPES: [GgmlType; 8] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
+    GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
@@ -55,7 +56,7 @@ fn matrix(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> QMatrix<'_> {
     QMatrix::new(ty, rows, cols, data)
 }
 
-/// The matrix as GGUF stores it and, for Q4_0/Q4_1/Q8_0, repacked into Rows16 as the model
+/// The matrix as GGUF stores it and, for the Rows16 types, repacked into Rows16 as the model
 /// loads it — with a label for the benchmark id.
 fn layouts<'a>(
     m: QMatrix<'a>,

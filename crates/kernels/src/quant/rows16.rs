@@ -122,7 +122,21 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
                     for (k, s) in blk.scales.chunks_exact(4).enumerate() {
                         dst[Q4_K_SCALES + 4 * (GROUP * k + lane)..][..4].copy_from_slice(s);
                     }
-                    q.copy_from_slice(&blk.quants());
+                    // ggml: sub-block `2c + h` is nibble `h` of `qs[32c..32c + 32]`, so each
+                    // Rows16 byte takes two nibbles of one half from the same ggml bytes.
+                    let qs = &mut dst[quants_offset(ty)..];
+                    for j in 0..QK_K / QK {
+                        let (src, h) = (&blk.qs[32 * (j / 2)..][..32], 4 * (j % 2));
+                        let sub = &mut qs[j * Q4_K_SUB_BYTES..];
+                        for c in 0..8 {
+                            for e in 0..2 {
+                                let lo = (src[2 * c + e] >> h) & 0x0F;
+                                let hi = (src[16 + 2 * c + e] >> h) & 0x0F;
+                                sub[c * 2 * GROUP + 2 * lane + e] = lo | (hi << 4);
+                            }
+                        }
+                    }
+                    continue;
                 }
                 _ => {
                     let blk = &cast_blocks::<BlockQ8_0>(block)[0];
@@ -130,23 +144,40 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
                     q[..QK].copy_from_slice(&blk.qs.map(|q| q as u8));
                 }
             }
-            for (k, &v) in q[..bs].iter().enumerate() {
-                let (i, shift) = quant_position(ty, lane, k);
-                dst[quants_offset(ty) + i] |= (v & low_mask(ty)) << shift;
-                if ty == GgmlType::Q5_0 {
-                    let (i, bit) = high_bit_position(lane, k);
-                    dst[i] |= (v >> 4) << bit;
-                }
-            }
+            write_quants(ty, &q[..bs], lane, dst);
         }
     }
 }
 
-/// The bits of a quant stored in its nibble or byte (Q5_0's fifth bit lives apart).
-const fn low_mask(ty: GgmlType) -> u8 {
-    match ty {
-        GgmlType::Q8_0 => 0xFF,
-        _ => 0x0F,
+/// Writes the quants `q` (one block of lane `lane`, column order) into group-block `gb`
+/// (zeroed where they go): chunk by chunk, the inverse of [`raw_quant`].
+fn write_quants(ty: GgmlType, q: &[u8], lane: usize, gb: &mut [u8]) {
+    let qs = &mut gb[quants_offset(ty)..];
+    if ty == GgmlType::Q8_0 {
+        for (pair, v) in q.chunks_exact(2).enumerate() {
+            qs[pair * 2 * GROUP + 2 * lane..][..2].copy_from_slice(v);
+        }
+        return;
+    }
+    // Q4 nibbles, per 32 columns (one sub-block of Q4_K).
+    for (sub, q) in q.chunks_exact(QK).enumerate() {
+        let chunks = &mut qs[sub * Q4_K_SUB_BYTES..];
+        for c in 0..8 {
+            for e in 0..2 {
+                let (lo, hi) = (q[2 * c + e], q[16 + 2 * c + e]);
+                chunks[c * 2 * GROUP + 2 * lane + e] = (lo & 0x0F) | ((hi & 0x0F) << 4);
+            }
+        }
+    }
+    if ty == GgmlType::Q5_0 {
+        for c in 0..8 {
+            for e in 0..2 {
+                let (lo, hi) = (q[2 * c + e] >> 4, q[16 + 2 * c + e] >> 4);
+                let bit = 2 * (c % 4);
+                gb[Q5_0_HBITS + (c / 4) * 2 * GROUP + 2 * lane + e] |=
+                    (lo << bit) | (hi << (bit + 1));
+            }
+        }
     }
 }
 
@@ -247,8 +278,12 @@ pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
     assert!(supports(ty), "no Rows16 layout for {ty}");
     assert!(lane < GROUP && gb.len() == GROUP * ty.type_size() && out.len() == ty.type_size());
     out[..2].copy_from_slice(&gb[2 * lane..2 * lane + 2]);
-    let bs = ty.block_size();
-    let q: Vec<u8> = (0..bs).map(|k| raw_quant(ty, gb, lane, k) as u8).collect();
+    let mut q = [0u8; QK_K];
+    let q = &mut q[..ty.block_size()];
+    for (k, v) in q.iter_mut().enumerate() {
+        *v = raw_quant(ty, gb, lane, k) as u8;
+    }
+    let q = &*q;
     // Q4 nibbles in ggml's order: byte `j` holds columns `j` and `j + 16`.
     let pack_nibbles = |q: &[u8], qs: &mut [u8]| {
         for (j, o) in qs.iter_mut().enumerate() {
@@ -256,11 +291,11 @@ pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
         }
     };
     match ty {
-        GgmlType::Q8_0 => out[2..].copy_from_slice(&q),
-        GgmlType::Q4_0 => pack_nibbles(&q, &mut out[2..]),
+        GgmlType::Q8_0 => out[2..].copy_from_slice(q),
+        GgmlType::Q4_0 => pack_nibbles(q, &mut out[2..]),
         GgmlType::Q4_1 => {
             out[2..4].copy_from_slice(&gb[2 * GROUP + 2 * lane..][..2]);
-            pack_nibbles(&q, &mut out[4..]);
+            pack_nibbles(q, &mut out[4..]);
         }
         GgmlType::Q5_0 => {
             let qh = q
@@ -268,7 +303,7 @@ pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
                 .enumerate()
                 .fold(0u32, |h, (k, &v)| h | (u32::from(v >> 4) << k));
             out[2..6].copy_from_slice(&qh.to_le_bytes());
-            pack_nibbles(&q, &mut out[6..]);
+            pack_nibbles(q, &mut out[6..]);
         }
         _ => {
             // Q4_K: element `64c + 32h + l` is nibble `h` of `qs[32c + l]`.
@@ -418,7 +453,11 @@ mod tests {
             let mut wd = vec![0f32; cols];
             dequantize_row(GgmlType::Q4_K, &w, &mut wd);
             let exact: f64 = wd.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
-            let mag: f64 = wd.iter().zip(&x).map(|(&w, &x)| (w as f64 * x as f64).abs()).sum();
+            let mag: f64 = wd
+                .iter()
+                .zip(&x)
+                .map(|(&w, &x)| (w as f64 * x as f64).abs())
+                .sum();
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
             let wsum: f64 = wd.iter().map(|&w| (w as f64).abs()).sum();
             let budget = wsum * amax / 32767.0 + 1e-5 * mag;

@@ -124,7 +124,10 @@ unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
         for j in 0..t.n_a {
             // SAFETY: the caller guarantees `nb` readable activation blocks per row.
             let a = unsafe {
-                std::slice::from_raw_parts(t.a.add(j * t.a_stride), t.nb * a_blocks * quant::A16_BYTES)
+                std::slice::from_raw_parts(
+                    t.a.add(j * t.a_stride),
+                    t.nb * a_blocks * quant::A16_BYTES,
+                )
             };
             let v = vec_dot_a16(ty, t.nb, group, i % GROUP, a16_blocks(a));
             // SAFETY: the caller guarantees the outputs are writable.

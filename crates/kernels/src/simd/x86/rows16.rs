@@ -604,9 +604,8 @@ impl Group16 for R16Q4_K {
                 for j in 0..8 {
                     let qs = wb.add(qs0 + j * rows16::Q4_K_SUB_BYTES);
                     _mm_prefetch::<_MM_HINT_T0>(qs.wrapping_add(PREFETCH).cast());
-                    let a: [*const u8; NA] = std::array::from_fn(|r| {
-                        t.a.add(r * t.a_stride + (8 * b + j) * A16_BYTES)
-                    });
+                    let a: [*const u8; NA] =
+                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A16_BYTES));
                     let qa: [*const u8; NA] = a.map(|p| p.add(A16_QS));
                     let mut acc_i = [(L::zero_i(), L::zero_i()); NA];
                     sums::<R16Q4_1, L, NA>(qs, &qa, &mut acc_i, split);
