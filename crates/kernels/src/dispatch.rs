@@ -15,7 +15,8 @@
 //! |---|---|---|
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · A16 (matmul) | reference | SIMD, up to 4 activation rows per weight block |
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · Q8_0/Q8_1 (ggml) | reference | SIMD, up to 4 activation rows per weight block |
-//! | Q4_K, Q5_K, Q6_K | reference | SIMD, bit-identical to the reference |
+//! | Rows16 Q4_0, Q4_1, Q5_0, Q8_0, Q4_K · A16 (matmul) | reference | SIMD, 16 weight rows a register, up to 8 activation rows |
+//! | Q4_K, Q5_K, Q6_K · Q8_K (ggml) | reference | SIMD, bit-identical to the reference |
 //! | Q2_K, Q3_K | reference | reference |
 //! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |
 //! | Q8_K activation quantizer | reference | reference |
@@ -23,8 +24,8 @@
 //! | attention tile / merge (head dim a multiple of the lanes), f32 or f16 K/V | reference | AVX2 + F16C (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
 //! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 //!
-//! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q8_0) on
-//! AMX int8 tiles for calls of 16 or more activation rows, bit-identical to the VNNI kernels
+//! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q8_0; not
+//! yet Q5_0 or Q4_K, which stay on the VNNI kernels) on AMX int8 tiles for calls of 16 or more activation rows, bit-identical to the VNNI kernels
 //! (`simd/x86/amx.rs`).
 
 use std::sync::OnceLock;

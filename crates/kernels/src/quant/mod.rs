@@ -18,7 +18,7 @@
 //!   paired by [`GgmlType::vec_dot_type`].
 //! * [`a16`]: tokenmill's 16-bit activation format A16 (not a ggml type), the partner of the
 //!   32-element weight formats in `matmul`, with its reference quantizer and dot products.
-//! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q8_0 weights (16 rows per
+//! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K weights (16 rows per
 //!   group, one per SIMD lane), repacked once at load, with its reference dot product.
 //! * [`testing`]: deterministic random rows of every type, for tests.
 
