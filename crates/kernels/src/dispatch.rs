@@ -25,7 +25,8 @@
 //! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 //!
 //! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q8_0; not
-//! yet Q5_0 or Q4_K, which stay on the VNNI kernels) on AMX int8 tiles for calls of 16 or more activation rows, bit-identical to the VNNI kernels
+//! yet Q5_0 or Q4_K, which stay on the VNNI kernels) on AMX int8 tiles for calls of 16 or more
+//! activation rows, bit-identical to the VNNI kernels
 //! (`simd/x86/amx.rs`).
 
 use std::sync::OnceLock;

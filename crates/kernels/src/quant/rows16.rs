@@ -88,7 +88,7 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
     assert!(data.len() >= rows * nb * ts, "weight bytes");
     assert_eq!(out.len(), packed_bytes(ty, rows, cols), "packed bytes");
     out.fill(0);
-    let mut q = [0u8; QK_K];
+    let mut q = [0u8; QK];
     for (r, row) in data[..rows * nb * ts].chunks_exact(nb * ts).enumerate() {
         let (g, lane) = (r / GROUP, r % GROUP);
         for (b, block) in row.chunks_exact(ts).enumerate() {
@@ -98,20 +98,20 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
                 GgmlType::Q4_0 => {
                     let blk = &cast_blocks::<BlockQ4_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
-                    q[..QK].copy_from_slice(&nibble_values(&blk.qs));
+                    q.copy_from_slice(&nibble_values(&blk.qs));
                 }
                 GgmlType::Q4_1 => {
                     let blk = &cast_blocks::<BlockQ4_1>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
                     dst[2 * GROUP + 2 * lane..][..2].copy_from_slice(&blk.m.0);
-                    q[..QK].copy_from_slice(&nibble_values(&blk.qs));
+                    q.copy_from_slice(&nibble_values(&blk.qs));
                 }
                 GgmlType::Q5_0 => {
                     let blk = &cast_blocks::<BlockQ5_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
                     let qh = u32::from_le_bytes(blk.qh);
                     let low = nibble_values(&blk.qs);
-                    for (k, v) in q[..QK].iter_mut().enumerate() {
+                    for (k, v) in q.iter_mut().enumerate() {
                         *v = low[k] | (((qh >> k) & 1) as u8) << 4;
                     }
                 }
@@ -127,31 +127,24 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
                     let qs = &mut dst[quants_offset(ty)..];
                     for j in 0..QK_K / QK {
                         let (src, h) = (&blk.qs[32 * (j / 2)..][..32], 4 * (j % 2));
-                        let sub = &mut qs[j * Q4_K_SUB_BYTES..];
-                        for c in 0..8 {
-                            for e in 0..2 {
-                                let lo = (src[2 * c + e] >> h) & 0x0F;
-                                let hi = (src[16 + 2 * c + e] >> h) & 0x0F;
-                                sub[c * 2 * GROUP + 2 * lane + e] = lo | (hi << 4);
-                            }
-                        }
+                        write_nibbles(&mut qs[j * Q4_K_SUB_BYTES..], lane, |k| src[k] >> h);
                     }
                     continue;
                 }
                 _ => {
                     let blk = &cast_blocks::<BlockQ8_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
-                    q[..QK].copy_from_slice(&blk.qs.map(|q| q as u8));
+                    q.copy_from_slice(&blk.qs.map(|q| q as u8));
                 }
             }
-            write_quants(ty, &q[..bs], lane, dst);
+            write_quants(ty, &q, lane, dst);
         }
     }
 }
 
-/// Writes the quants `q` (one block of lane `lane`, column order) into group-block `gb`
-/// (zeroed where they go): chunk by chunk, the inverse of [`raw_quant`].
-fn write_quants(ty: GgmlType, q: &[u8], lane: usize, gb: &mut [u8]) {
+/// Writes the 32 quants `q` (one block of lane `lane` of a 32-element type, column order) into
+/// group-block `gb` (zeroed where they go): chunk by chunk, the inverse of [`raw_quant`].
+fn write_quants(ty: GgmlType, q: &[u8; QK], lane: usize, gb: &mut [u8]) {
     let qs = &mut gb[quants_offset(ty)..];
     if ty == GgmlType::Q8_0 {
         for (pair, v) in q.chunks_exact(2).enumerate() {
@@ -159,16 +152,7 @@ fn write_quants(ty: GgmlType, q: &[u8], lane: usize, gb: &mut [u8]) {
         }
         return;
     }
-    // Q4 nibbles, per 32 columns (one sub-block of Q4_K).
-    for (sub, q) in q.chunks_exact(QK).enumerate() {
-        let chunks = &mut qs[sub * Q4_K_SUB_BYTES..];
-        for c in 0..8 {
-            for e in 0..2 {
-                let (lo, hi) = (q[2 * c + e], q[16 + 2 * c + e]);
-                chunks[c * 2 * GROUP + 2 * lane + e] = (lo & 0x0F) | ((hi & 0x0F) << 4);
-            }
-        }
-    }
+    write_nibbles(qs, lane, |k| q[k]);
     if ty == GgmlType::Q5_0 {
         for c in 0..8 {
             for e in 0..2 {
@@ -177,6 +161,18 @@ fn write_quants(ty: GgmlType, q: &[u8], lane: usize, gb: &mut [u8]) {
                 gb[Q5_0_HBITS + (c / 4) * 2 * GROUP + 2 * lane + e] |=
                     (lo << bit) | (hi << (bit + 1));
             }
+        }
+    }
+}
+
+/// Writes lane `lane` of 32 columns in the Q4 nibble layout into `chunks` (8 chunks of 32
+/// bytes): `nibble(k)`'s low 4 bits are column `k` (see [`nibble_position`]).
+#[inline]
+fn write_nibbles(chunks: &mut [u8], lane: usize, nibble: impl Fn(usize) -> u8) {
+    for c in 0..8 {
+        for e in 0..2 {
+            let (lo, hi) = (nibble(2 * c + e) & 0x0F, nibble(16 + 2 * c + e) & 0x0F);
+            chunks[c * 2 * GROUP + 2 * lane + e] = lo | (hi << 4);
         }
     }
 }
