@@ -15,7 +15,7 @@
 //! |---|---|---|
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · A16 (matmul) | reference | SIMD, up to 4 activation rows per weight block |
 //! | Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 · Q8_0/Q8_1 (ggml) | reference | SIMD, up to 4 activation rows per weight block |
-//! | Rows16 Q4_0, Q4_1, Q5_0, Q8_0, Q4_K · A16 (matmul) | reference | SIMD, 16 weight rows a register, up to 8 activation rows |
+//! | Rows16 Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K · A16 (matmul) | reference | SIMD, 16 weight rows a register, up to 8 activation rows |
 //! | Q4_K, Q5_K, Q6_K · Q8_K (ggml) | reference | SIMD, bit-identical to the reference |
 //! | Q2_K, Q3_K | reference | reference |
 //! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |

@@ -16,7 +16,7 @@
 //! 3. inside a chunk, a tile of weight rows (~16 KiB, L1-resident) is swept against the token
 //!    rows in groups of the kernel's `max_rows`: each weight block is decoded once per group
 //!    by the tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
-//!    Rows16 weights ([`PackedMatrix`], what the model loads Q4_0/Q4_1/Q5_0/Q8_0/Q4_K as) take kernels
+//!    Rows16 weights ([`PackedMatrix`], what the model loads Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K as) take kernels
 //!    that advance 16 rows per instruction; their chunks and tiles are whole groups.
 //!
 //! Float weights (F32/F16/BF16): from 16 token rows up (prefill), through the `gemm` crate —

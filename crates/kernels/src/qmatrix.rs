@@ -12,7 +12,7 @@ pub enum Layout {
     /// Row after row, as in GGUF.
     #[default]
     Ggml,
-    /// Groups of 16 interleaved rows ([`crate::quant::rows16`]; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K), the last
+    /// Groups of 16 interleaved rows ([`crate::quant::rows16`]; Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K), the last
     /// group padded with zero rows.
     Rows16,
 }
@@ -110,7 +110,7 @@ impl<'a> QMatrix<'a> {
 }
 
 /// A weight repacked once at load into [`Layout::Rows16`] (owned, 64-byte aligned): what the
-/// model keeps for every Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K linear layer, so `matmul` runs the Rows16 kernels.
+/// model keeps for every Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K linear layer, so `matmul` runs the Rows16 kernels.
 #[derive(Clone)]
 pub struct PackedMatrix {
     ty: GgmlType,

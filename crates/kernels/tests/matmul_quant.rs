@@ -15,9 +15,9 @@
 //! tile, the chunk or a Rows16 group; token counts 1, 7 and 33 (not multiples of the four- or
 //! eight-row kernels).
 //!
-//! Q4_0, Q4_1, Q5_0, Q8_0 and Q4_K also run repacked into the Rows16 layout ([`PackedMatrix`],
-//! what the model loads them as), against A16 references computed on the GGUF rows (Q4_K
-//! too: its Rows16 kernels take A16, not Q8_K); and a Rows16 output must not depend on the
+//! Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K also run repacked into the Rows16 layout
+//! ([`PackedMatrix`], what the model loads them as), against A16 references computed on the GGUF
+//! rows (the K-quants too: their Rows16 kernels take A16, not Q8_K); and a Rows16 output must not depend on the
 //! other token rows of the call (batch invariance).
 
 use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
@@ -43,12 +43,13 @@ const TYPES: [GgmlType; 13] = [
 ];
 
 /// The types with a Rows16 layout.
-const ROWS16_TYPES: [GgmlType; 5] = [
+const ROWS16_TYPES: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
+    GgmlType::Q6_K,
 ];
 
 /// `(n rows, k columns in blocks, n_tokens)`. The last has rows long enough that a chunk is
@@ -151,7 +152,7 @@ fn reference(case: &Case, t: usize, r: usize) -> (f64, f64) {
     };
     let scalar = Kernels::new(Tier::Scalar).unwrap();
     let mut a = vec![0u8; k / act.block_size() * act.block_bytes()];
-    // (`vec_dot` of Q4_K with A16 is the scalar tier's reference of the Rows16 kernels.)
+    // (`vec_dot` of Q4_K / Q6_K with A16 is the scalar tier's reference of the Rows16 kernels.)
     scalar.quantize_act(act, x, &mut a);
     let want = scalar.vec_dot(case.ty, act, k, w, &a) as f64;
     let mut ad = vec![0f32; k];

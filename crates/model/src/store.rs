@@ -245,7 +245,7 @@ fn check_shape(name: &str, t: &TensorRef, want: &[u64]) -> Result<(), ModelError
 }
 
 /// A linear layer's weight `[rows = out features, cols = in features]`, in its store — and,
-/// for Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K, repacked once at load into the interleaved Rows16 layout that
+/// for Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K, repacked once at load into the interleaved Rows16 layout that
 /// `matmul`'s fastest kernels read (`tokenmill_kernels::quant::rows16`; the same bytes,
 /// permuted, held beside the mapped file).
 #[derive(Clone, Debug)]

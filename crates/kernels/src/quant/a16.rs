@@ -22,7 +22,8 @@
 use std::mem::{align_of, size_of};
 
 use super::blocks::{
-    Block, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK, cast_blocks,
+    Block, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ6_K, BlockQ8_0, QK,
+    cast_blocks,
 };
 use super::types::QK_K;
 
@@ -197,6 +198,30 @@ pub fn vec_dot_q4_K_a16(n: usize, w: &[u8], a: &[BlockA16]) -> f32 {
         for (j, ba) in ba.iter().enumerate() {
             let qj: &[u8; QK] = q[QK * j..QK * (j + 1)].try_into().unwrap();
             sumf += super::rows16::k4_dot(d, dmin, sc[j], m[j], ba, isum(qj, ba));
+        }
+    }
+    sumf
+}
+
+/// Q6_K weights · A16 activations (8 A16 blocks per weight block): per A16 block its two
+/// 16-column sub-blocks, `d·sc · d_a · sumi` each — the reference of the Rows16 Q6_K kernels.
+#[allow(non_snake_case)]
+pub fn vec_dot_q6_K_a16(n: usize, w: &[u8], a: &[BlockA16]) -> f32 {
+    debug_assert_eq!(n % QK_K, 0);
+    let w: &[BlockQ6_K] = cast_blocks(w);
+    debug_assert_eq!(w.len() * (QK_K / QK), a.len());
+    let mut sumf = 0f32;
+    for (bw, ba) in w.iter().zip(a.chunks_exact(QK_K / QK)) {
+        let (q, d) = (bw.quants(), bw.d.to_f32());
+        for (j, ba) in ba.iter().enumerate() {
+            let qa = ba.quants();
+            let half = |h: usize| -> i32 {
+                (16 * h..16 * h + 16)
+                    .map(|k| q[QK * j + k] as i32 * qa[k] as i32)
+                    .sum()
+            };
+            let sc = [bw.scales[2 * j], bw.scales[2 * j + 1]];
+            sumf += super::rows16::k6_dot(d, sc, ba, [half(0), half(1)]);
         }
     }
     sumf

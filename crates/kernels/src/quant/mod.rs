@@ -18,7 +18,7 @@
 //!   paired by [`GgmlType::vec_dot_type`].
 //! * [`a16`]: tokenmill's 16-bit activation format A16 (not a ggml type), the partner of the
 //!   32-element weight formats in `matmul`, with its reference quantizer and dot products.
-//! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K weights (16 rows per
+//! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (16 rows per
 //!   group, one per SIMD lane), repacked once at load, with its reference dot product.
 //! * [`testing`]: deterministic random rows of every type, for tests.
 
@@ -37,7 +37,7 @@ mod types;
 pub use a16::{
     A16_BYTES, BlockA16, a16_as_bytes, a16_blocks, a16_blocks_mut, dequantize_row_a16,
     quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16, vec_dot_q5_0_a16,
-    vec_dot_q5_1_a16, vec_dot_q8_0_a16,
+    vec_dot_q5_1_a16, vec_dot_q6_K_a16, vec_dot_q8_0_a16,
 };
 pub use blocks::{
     Block, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,

@@ -1,5 +1,5 @@
-//! Rows16: tokenmill's interleaved layout of a quantized weight format (Q4_0, Q4_1, Q5_0, Q8_0
-//! and Q4_K), repacked once at load so that one SIMD lane holds one weight row — with its
+//! Rows16: tokenmill's interleaved layout of a quantized weight format (Q4_0, Q4_1, Q5_0, Q8_0,
+//! Q4_K and Q6_K), repacked once at load so that one SIMD lane holds one weight row — with its
 //! packer, unpacker and reference dot product (the plain twin of the SIMD kernels).
 //!
 //! Why: in ggml's layout a row's block is one vector of 32 quants, so every (weight row,
@@ -11,7 +11,7 @@
 //!
 //! Layout: the rows are cut into groups of [`GROUP`] = 16 (the last one padded with all-zero
 //! rows, which contribute 0); a group is `nb` group-blocks back to back, one per ggml block
-//! (32 columns, or 256 for Q4_K), each `16 × type_size` bytes — for row `r` of the group:
+//! (32 columns, or 256 for Q4_K and Q6_K), each `16 × type_size` bytes — for row `r` of the group:
 //! * `d: [f16; 16]` (the row scales), then for Q4_1 `m: [f16; 16]` (the row offsets);
 //! * Q4_0 / Q4_1 / Q5_0 nibbles, 8 chunks of 32 bytes: byte `2r + e` of chunk `c` holds column
 //!   `2c + e` in its low nibble and column `16 + 2c + e` in its high nibble;
@@ -21,15 +21,21 @@
 //! * Q8_0 quants, 16 chunks of 32 bytes: byte `2r + e` of chunk `c` is column `2c + e`;
 //! * Q4_K: `d: [f16; 16]`, `dmin: [f16; 16]`, the 12 packed 6-bit scale bytes as 3 planes of
 //!   16 little-endian u32 (plane `k`, lane `r`: bytes `4k..4k + 4` of row `r`'s scales), then
-//!   its 8 sub-blocks of 32 columns, each 256 bytes in the Q4 nibble layout above.
+//!   its 8 sub-blocks of 32 columns, each 256 bytes in the Q4 nibble layout above;
+//! * Q6_K: `d: [f16; 16]`, its 16 sub-block scales as 16 planes of 16 i8 (plane `s`, byte `r`),
+//!   then 8 chunks of 32 columns (values `q + 32`, 0..64), each the low 4 bits in the Q4 nibble
+//!   layout (256 bytes) and the top 2 bits as 4 planes of 32 bytes: byte `2r + e` of plane
+//!   `c / 2` holds those of column `2c + e` at bit `4 (c % 2)` and of column `16 + 2c + e` at
+//!   bit `4 (c % 2) + 2`. Columns 0..16 of a chunk (the low nibbles) are one sub-block,
+//!   16..32 (the high nibbles) the next.
 //!
 //! Widened to i16, a 32-byte chunk is 16 lanes of (row, two consecutive columns) pairs: what
 //! `vpmaddwd` / `vpdpwssd` multiply against one broadcast pair of A16 activations.
 
 use super::a16::BlockA16;
 use super::blocks::{
-    BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ8_0, F16Le, K_SCALE_SIZE, QK, cast_blocks,
-    get_scale_min_k4,
+    BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ6_K, BlockQ8_0, F16Le, K_SCALE_SIZE, QK,
+    cast_blocks, get_scale_min_k4,
 };
 use super::types::{GgmlType, QK_K};
 
@@ -44,12 +50,23 @@ pub const Q4_K_DMIN: usize = 2 * GROUP;
 pub const Q4_K_SCALES: usize = 4 * GROUP;
 /// Bytes of one Q4_K sub-block's nibbles in a group-block (32 columns of 16 rows).
 pub const Q4_K_SUB_BYTES: usize = QK * GROUP / 2;
+/// Byte offset of Q6_K's sub-block scales (16 planes of 16 i8) in a group-block.
+pub const Q6_K_SCALES: usize = 2 * GROUP;
+/// Byte offset of a Q6_K chunk's high-bit planes, after its nibbles.
+pub const Q6_K_HBITS: usize = QK * GROUP / 2;
+/// Bytes of one Q6_K chunk in a group-block (32 columns of 16 rows: nibbles, high-bit planes).
+pub const Q6_K_SUB_BYTES: usize = Q6_K_HBITS + QK * GROUP / 4;
 
 /// Whether `ty` has a Rows16 layout.
 pub fn supports(ty: GgmlType) -> bool {
     matches!(
         ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K
+        GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q8_0
+            | GgmlType::Q4_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -63,6 +80,7 @@ pub const fn quants_offset(ty: GgmlType) -> usize {
     match ty {
         GgmlType::Q4_1 => 4 * GROUP,
         GgmlType::Q4_K => Q4_K_SCALES + K_SCALE_SIZE * GROUP,
+        GgmlType::Q6_K => Q6_K_SCALES + QK_K / 16 * GROUP,
         _ => 2 * GROUP,
     }
 }
@@ -131,6 +149,21 @@ pub fn pack_into(ty: GgmlType, rows: usize, cols: usize, data: &[u8], out: &mut 
                     }
                     continue;
                 }
+                GgmlType::Q6_K => {
+                    let blk = &cast_blocks::<BlockQ6_K>(block)[0];
+                    dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
+                    for (s, &sc) in blk.scales.iter().enumerate() {
+                        dst[Q6_K_SCALES + GROUP * s + lane] = sc as u8;
+                    }
+                    let v = blk.quants().map(|q| (q + 32) as u8);
+                    let qs = &mut dst[quants_offset(ty)..];
+                    for (j, v) in v.chunks_exact(QK).enumerate() {
+                        let chunk = &mut qs[j * Q6_K_SUB_BYTES..][..Q6_K_SUB_BYTES];
+                        write_nibbles(chunk, lane, |k| v[k]);
+                        write_high2(&mut chunk[Q6_K_HBITS..], lane, |k| v[k] >> 4);
+                    }
+                    continue;
+                }
                 _ => {
                     let blk = &cast_blocks::<BlockQ8_0>(block)[0];
                     dst[2 * lane..2 * lane + 2].copy_from_slice(&blk.d.0);
@@ -177,6 +210,18 @@ fn write_nibbles(chunks: &mut [u8], lane: usize, nibble: impl Fn(usize) -> u8) {
     }
 }
 
+/// Ors lane `lane`'s top 2 bits of 32 columns (`high(k)`, 0..4, column `k`) into the 4
+/// high-bit planes of a Q6_K chunk at `planes` (see [`high2_position`]).
+#[inline]
+fn write_high2(planes: &mut [u8], lane: usize, high: impl Fn(usize) -> u8) {
+    for c in 0..8 {
+        for e in 0..2 {
+            let (lo, hi) = (high(2 * c + e) & 3, high(16 + 2 * c + e) & 3);
+            planes[(c / 2) * 2 * GROUP + 2 * lane + e] |= (lo | (hi << 2)) << (4 * (c % 2));
+        }
+    }
+}
+
 /// The 32 nibbles of a Q4 block in column order (ggml: byte `j` = columns `j`, `j + 16`).
 fn nibble_values(qs: &[u8; QK / 2]) -> [u8; QK] {
     std::array::from_fn(|k| {
@@ -197,6 +242,10 @@ fn quant_position(ty: GgmlType, lane: usize, k: usize) -> (usize, u32) {
         GgmlType::Q4_K => {
             let (i, shift) = nibble_position(lane, k % QK);
             (k / QK * Q4_K_SUB_BYTES + i, shift)
+        }
+        GgmlType::Q6_K => {
+            let (i, shift) = nibble_position(lane, k % QK);
+            (k / QK * Q6_K_SUB_BYTES + i, shift)
         }
         _ => nibble_position(lane, k),
     }
@@ -222,8 +271,24 @@ fn high_bit_position(lane: usize, k: usize) -> (usize, u32) {
     )
 }
 
+/// Where Q6_K's top 2 bits of column `k` of lane `lane` live in a group-block: (byte, shift).
+#[inline]
+fn high2_position(lane: usize, k: usize) -> (usize, u32) {
+    let (j, kk) = (k / QK, k % QK);
+    let c = (kk / 2) % 8;
+    (
+        quants_offset(GgmlType::Q6_K)
+            + j * Q6_K_SUB_BYTES
+            + Q6_K_HBITS
+            + (c / 2) * 2 * GROUP
+            + 2 * lane
+            + kk % 2,
+        4 * (c % 2) as u32 + 2 * (kk >= 16) as u32,
+    )
+}
+
 /// The raw quant of column `k` of lane `lane` in group-block `gb` (0..16 for Q4 and Q4_K,
-/// 0..32 for Q5_0, i8 for Q8_0).
+/// 0..32 for Q5_0, 0..64 for Q6_K, i8 for Q8_0).
 #[inline]
 fn raw_quant(ty: GgmlType, gb: &[u8], lane: usize, k: usize) -> i32 {
     let (i, shift) = quant_position(ty, lane, k);
@@ -233,6 +298,10 @@ fn raw_quant(ty: GgmlType, gb: &[u8], lane: usize, k: usize) -> i32 {
         GgmlType::Q5_0 => {
             let (i, bit) = high_bit_position(lane, k);
             (((byte >> shift) & 0x0F) | (((gb[i] >> bit) & 1) << 4)) as i32
+        }
+        GgmlType::Q6_K => {
+            let (i, hs) = high2_position(lane, k);
+            (((byte >> shift) & 0x0F) | (((gb[i] >> hs) & 3) << 4)) as i32
         }
         _ => ((byte >> shift) & 0x0F) as i32,
     }
@@ -273,13 +342,31 @@ pub fn group_block(ty: GgmlType, cols: usize, packed: &[u8], r: usize, b: usize)
 pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
     assert!(supports(ty), "no Rows16 layout for {ty}");
     assert!(lane < GROUP && gb.len() == GROUP * ty.type_size() && out.len() == ty.type_size());
-    out[..2].copy_from_slice(&gb[2 * lane..2 * lane + 2]);
     let mut q = [0u8; QK_K];
     let q = &mut q[..ty.block_size()];
     for (k, v) in q.iter_mut().enumerate() {
         *v = raw_quant(ty, gb, lane, k) as u8;
     }
     let q = &*q;
+    if ty == GgmlType::Q6_K {
+        // ggml: element `128c + 32k + l` is nibble `k / 2` of `ql[64c + 32 (k % 2) + l]` and
+        // bits `2k..2k + 2` of `qh[32c + l]`; then the 16 scales and `d`.
+        let (ql, rest) = out.split_at_mut(QK_K / 2);
+        let (qh, rest) = rest.split_at_mut(QK_K / 4);
+        ql.fill(0);
+        qh.fill(0);
+        for (e, &v) in q.iter().enumerate() {
+            let (c, k, l) = (e / 128, (e / 32) % 4, e % 32);
+            ql[64 * c + 32 * (k % 2) + l] |= (v & 0x0F) << (4 * (k / 2));
+            qh[32 * c + l] |= (v >> 4) << (2 * k);
+        }
+        for (s, o) in rest[..QK_K / 16].iter_mut().enumerate() {
+            *o = gb[Q6_K_SCALES + GROUP * s + lane];
+        }
+        rest[QK_K / 16..].copy_from_slice(&gb[2 * lane..2 * lane + 2]);
+        return;
+    }
+    out[..2].copy_from_slice(&gb[2 * lane..2 * lane + 2]);
     // Q4 nibbles in ggml's order: byte `j` holds columns `j` and `j + 16`.
     let pack_nibbles = |q: &[u8], qs: &mut [u8]| {
         for (j, o) in qs.iter_mut().enumerate() {
@@ -324,6 +411,7 @@ pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Bloc
     let offset = match ty {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q6_K => 32,
         _ => 0,
     };
     let mut sumf = 0f32;
@@ -332,6 +420,16 @@ pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Bloc
         let d = f16_at(gb, 2 * lane);
         for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
             let qa = ba.quants();
+            if ty == GgmlType::Q6_K {
+                let half = |h: usize| -> i32 {
+                    (16 * h..16 * h + 16)
+                        .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k] as i32)
+                        .sum()
+                };
+                let sc = |h: usize| gb[Q6_K_SCALES + GROUP * (2 * j + h) + lane] as i8;
+                sumf += k6_dot(d, [sc(0), sc(1)], ba, [half(0), half(1)]);
+                continue;
+            }
             let sumi: i32 = (0..QK)
                 .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k] as i32)
                 .sum();
@@ -358,21 +456,29 @@ pub(crate) fn k4_dot(d: f32, dmin: f32, sc: u8, m: u8, a: &BlockA16, sumi: i32) 
     (d * sc as f32) * a.d() * sumi as f32 + (dmin * m as f32) * -a.s()
 }
 
+/// One A16 block's term of a Q6_K row: its two 16-column sub-blocks, `d·sc_h · d_a · sumi_h`
+/// each, with `d·sc` exact in f32 (an f16 times an i8).
+#[inline]
+pub(crate) fn k6_dot(d: f32, sc: [i8; 2], a: &BlockA16, sumi: [i32; 2]) -> f32 {
+    (d * sc[0] as f32) * a.d() * sumi[0] as f32 + (d * sc[1] as f32) * a.d() * sumi[1] as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::quant::testing::{SplitMix64, random_weight_row};
     use crate::quant::{
         dequantize_row, quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16,
-        vec_dot_q5_0_a16, vec_dot_q8_0_a16,
+        vec_dot_q5_0_a16, vec_dot_q6_K_a16, vec_dot_q8_0_a16,
     };
 
-    const TYPES: [GgmlType; 5] = [
+    const TYPES: [GgmlType; 6] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
         GgmlType::Q8_0,
         GgmlType::Q4_K,
+        GgmlType::Q6_K,
     ];
 
     #[test]
@@ -428,6 +534,7 @@ mod tests {
                     GgmlType::Q4_1 => vec_dot_q4_1_a16(cols, w, &a),
                     GgmlType::Q5_0 => vec_dot_q5_0_a16(cols, w, &a),
                     GgmlType::Q4_K => vec_dot_q4_K_a16(cols, w, &a),
+                    GgmlType::Q6_K => vec_dot_q6_K_a16(cols, w, &a),
                     _ => vec_dot_q8_0_a16(cols, w, &a),
                 };
                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} row {r}");
@@ -435,19 +542,19 @@ mod tests {
         }
     }
 
-    /// The Q4_K reference (ggml layout, A16) is the dequantized row's f32 dot within the
-    /// activation quantization step and f32 rounding: what makes it a reference at all.
+    /// The k-quant references (ggml layout, A16) are the dequantized row's f32 dot within the
+    /// activation quantization step and f32 rounding: what makes them references at all.
     #[test]
-    fn q4_k_a16_reference_is_the_dequantized_dot() {
+    fn k_quant_a16_references_are_the_dequantized_dot() {
         let mut rng = SplitMix64::new(5);
         let cols = 1024;
-        for _ in 0..8 {
-            let w = random_weight_row(&mut rng, GgmlType::Q4_K, cols);
+        for (ty, _) in (0..8).flat_map(|i| [(GgmlType::Q4_K, i), (GgmlType::Q6_K, i)]) {
+            let w = random_weight_row(&mut rng, ty, cols);
             let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
             let mut a = vec![BlockA16::ZERO; cols / QK];
             quantize_row_a16(&x, &mut a);
             let mut wd = vec![0f32; cols];
-            dequantize_row(GgmlType::Q4_K, &w, &mut wd);
+            dequantize_row(ty, &w, &mut wd);
             let exact: f64 = wd.iter().zip(&x).map(|(&w, &x)| w as f64 * x as f64).sum();
             let mag: f64 = wd
                 .iter()
@@ -457,8 +564,14 @@ mod tests {
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
             let wsum: f64 = wd.iter().map(|&w| (w as f64).abs()).sum();
             let budget = wsum * amax / 32767.0 + 1e-5 * mag;
-            let got = vec_dot_q4_K_a16(cols, &w, &a) as f64;
-            assert!((got - exact).abs() <= budget, "{got} vs {exact} ({budget})");
+            let got = match ty {
+                GgmlType::Q4_K => vec_dot_q4_K_a16(cols, &w, &a),
+                _ => vec_dot_q6_K_a16(cols, &w, &a),
+            } as f64;
+            assert!(
+                (got - exact).abs() <= budget,
+                "{ty}: {got} vs {exact} ({budget})"
+            );
         }
     }
 }

@@ -99,8 +99,8 @@ pub struct TierFns {
     /// formats.
     pub dots: [Option<DotTileFn>; 15],
     /// Integer dot kernel against A16 activations ([`crate::quant::a16`]), by weight type;
-    /// the 32-element formats have one, and the scalar tier's Q4_K (the reference of its Rows16
-    /// kernels).
+    /// the 32-element formats have one, and the scalar tier's Q4_K and Q6_K (the references of
+    /// its Rows16 kernels).
     pub dots_a16: [Option<DotTileFn>; 15],
     /// Integer dot kernel of [Rows16](crate::quant::rows16) weights against A16 activations,
     /// by weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K). Its [`Tile`]'s `w_stride` is the bytes of

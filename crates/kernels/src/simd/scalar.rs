@@ -100,6 +100,14 @@ scalar_dot_rows!(
     quant::QK_K / quant::QK
 );
 scalar_dot_rows!(
+    q6_K_a16,
+    quant::vec_dot_q6_K_a16,
+    Q6_K,
+    BlockA16,
+    a16_blocks,
+    quant::QK_K / quant::QK
+);
+scalar_dot_rows!(
     q8_0_a16,
     quant::vec_dot_q8_0_a16,
     Q8_0,
@@ -170,6 +178,15 @@ pub unsafe fn q5_0_rows16(t: &Tile) {
 /// As [`rows16_tile`].
 pub unsafe fn q4_K_rows16(t: &Tile) {
     unsafe { rows16_tile(quant::GgmlType::Q4_K, t) }
+}
+
+/// Scalar tier: Rows16 Q6_K · A16.
+///
+/// # Safety
+///
+/// As [`rows16_tile`].
+pub unsafe fn q6_K_rows16(t: &Tile) {
+    unsafe { rows16_tile(quant::GgmlType::Q6_K, t) }
 }
 
 /// Scalar tier: Rows16 Q8_0 · A16.
@@ -260,15 +277,17 @@ pub fn fns() -> TierFns {
     dots_a16[T::Q5_0 as usize] = Some(q5_0_a16);
     dots_a16[T::Q5_1 as usize] = Some(q5_1_a16);
     dots_a16[T::Q8_0 as usize] = Some(q8_0_a16);
-    // The reference of the Rows16 Q4_K kernels only: no SIMD tier pairs a k-quant in GGUF
-    // layout with A16.
+    // The references of the Rows16 Q4_K and Q6_K kernels only: no SIMD tier pairs a k-quant
+    // in GGUF layout with A16.
     dots_a16[T::Q4_K as usize] = Some(q4_K_a16);
+    dots_a16[T::Q6_K as usize] = Some(q6_K_a16);
     let mut dots_rows16: [Option<super::DotTileFn>; 15] = [None; 15];
     dots_rows16[T::Q4_0 as usize] = Some(q4_0_rows16);
     dots_rows16[T::Q4_1 as usize] = Some(q4_1_rows16);
     dots_rows16[T::Q5_0 as usize] = Some(q5_0_rows16);
     dots_rows16[T::Q8_0 as usize] = Some(q8_0_rows16);
     dots_rows16[T::Q4_K as usize] = Some(q4_K_rows16);
+    dots_rows16[T::Q6_K as usize] = Some(q6_K_rows16);
     TierFns {
         dots,
         dots_a16,

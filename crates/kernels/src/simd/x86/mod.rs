@@ -4,7 +4,7 @@
 //!   (`maddubs`+`madd` on AVX2, `vpdpbusd` with VNNI) — the one place the tiers differ;
 //! * [`a16`]: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 against A16 activations (`matmul`'s path), tiles of
 //!   weight rows × up to four activation rows;
-//! * [`rows16`]: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K in the interleaved Rows16 layout against A16 activations —
+//! * [`rows16`]: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K in the interleaved Rows16 layout against A16 activations —
 //!   what `matmul` runs for those formats (512-bit on AVX-512, 256-bit otherwise), tiles of
 //!   16-row groups × up to eight activation rows;
 //! * [`q32`]: the same weight formats against ggml's Q8_0/Q8_1, and the block decoders both

@@ -1,11 +1,14 @@
 //! SIMD dot products of [Rows16](crate::quant::rows16) weights (16 interleaved rows of Q4_0,
-//! Q4_1, Q5_0, Q8_0 or Q4_K) with A16 activations: `matmul`'s kernels for those formats.
+//! Q4_1, Q5_0, Q8_0, Q4_K or Q6_K) with A16 activations: `matmul`'s kernels for those formats.
 //!
 //! Q5_0 ORs its fifth bits (one plane widened per four nibble chunks) into the nibbles before
 //! the multiply-adds. Q4_K runs each 32-column sub-block as a Q4_1 block whose scale and
 //! offset are `d · sc` and `dmin · m` (decoded per sub-block from the three scale planes, 16
 //! rows at once) against the sub-block's own A16 block: `acc += f32(sumi) · (d·sc · d_a)`,
-//! then `acc += dmin·m · (−s_a)`.
+//! then `acc += dmin·m · (−s_a)`. Q6_K ORs the top two bits (one plane per two nibble
+//! chunks) into the nibbles and subtracts 32; each 32-column chunk is two 16-column
+//! sub-blocks (its low and high nibbles), each summed exactly and scaled by `d · sc` (the 16
+//! rows' i8 scales widened at once) against the chunk's one A16 block.
 //!
 //! Per group-block and activation row: each 32-byte chunk of quants widens to 16 lanes of
 //! (row, two columns) i16 pairs, and one multiply-add against the activation pair broadcast
@@ -53,8 +56,11 @@ pub trait Lanes16 {
     unsafe fn nibbles(x: Self::I) -> (Self::I, Self::I);
     /// `x - v` in every i16 lane.
     unsafe fn sub(x: Self::I, v: i16) -> Self::I;
-    /// `x | (((h >> bit) & 1) << 4)` in every i16 lane (a Q5_0 fifth bit into its nibble).
-    unsafe fn or_bit4(x: Self::I, h: Self::I, bit: i32) -> Self::I;
+    /// `x | (((h >> shift) & mask) << 4)` in every i16 lane (Q5_0's fifth bit or Q6_K's top
+    /// two bits above a nibble).
+    unsafe fn or_high(x: Self::I, h: Self::I, shift: i32, mask: i16) -> Self::I;
+    /// 16 i8 at `p`, sign-extended to i32.
+    unsafe fn load_i8_i32(p: *const u8) -> Self::I;
     /// 16 little-endian u32 at `p`.
     unsafe fn load_u32(p: *const u8) -> Self::I;
     /// `(x >> shift) & mask` in every u32 lane.
@@ -130,14 +136,18 @@ impl Lanes16 for Z512 {
         unsafe { _mm512_sub_epi16(x, _mm512_set1_epi16(v)) }
     }
     #[inline(always)]
-    unsafe fn or_bit4(x: __m512i, h: __m512i, bit: i32) -> __m512i {
+    unsafe fn or_high(x: __m512i, h: __m512i, shift: i32, mask: i16) -> __m512i {
         unsafe {
             let b = _mm512_and_si512(
-                _mm512_srl_epi16(h, _mm_cvtsi32_si128(bit)),
-                _mm512_set1_epi16(1),
+                _mm512_srl_epi16(h, _mm_cvtsi32_si128(shift)),
+                _mm512_set1_epi16(mask),
             );
             _mm512_or_si512(x, _mm512_slli_epi16::<4>(b))
         }
+    }
+    #[inline(always)]
+    unsafe fn load_i8_i32(p: *const u8) -> __m512i {
+        unsafe { _mm512_cvtepi8_epi32(_mm_loadu_si128(p.cast())) }
     }
     #[inline(always)]
     unsafe fn load_u32(p: *const u8) -> __m512i {
@@ -287,14 +297,23 @@ impl<D: Dp256> Lanes16 for Y256<D> {
         }
     }
     #[inline(always)]
-    unsafe fn or_bit4(x: Self::I, h: Self::I, bit: i32) -> Self::I {
+    unsafe fn or_high(x: Self::I, h: Self::I, shift: i32, mask: i16) -> Self::I {
         unsafe {
-            let (n, one) = (_mm_cvtsi32_si128(bit), _mm256_set1_epi16(1));
-            let b0 = _mm256_and_si256(_mm256_srl_epi16(h.0, n), one);
-            let b1 = _mm256_and_si256(_mm256_srl_epi16(h.1, n), one);
+            let (n, m) = (_mm_cvtsi32_si128(shift), _mm256_set1_epi16(mask));
+            let b0 = _mm256_and_si256(_mm256_srl_epi16(h.0, n), m);
+            let b1 = _mm256_and_si256(_mm256_srl_epi16(h.1, n), m);
             (
                 _mm256_or_si256(x.0, _mm256_slli_epi16::<4>(b0)),
                 _mm256_or_si256(x.1, _mm256_slli_epi16::<4>(b1)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn load_i8_i32(p: *const u8) -> Self::I {
+        unsafe {
+            (
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.cast())),
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64(p.add(8).cast())),
             )
         }
     }
@@ -483,8 +502,8 @@ unsafe fn sums<F: Fmt16, L: Lanes16, const NA: usize>(
                         h = L::load_u8(qs.add(plane));
                     }
                     let bit = 2 * (c % 4) as i32;
-                    lo = L::sub(L::or_bit4(lo, h, bit), 16);
-                    hi = L::sub(L::or_bit4(hi, h, bit + 1), 16);
+                    lo = L::sub(L::or_high(lo, h, bit, 1), 16);
+                    hi = L::sub(L::or_high(hi, h, bit + 1, 1), 16);
                 }
                 for (acc, &a) in acc.iter_mut().zip(a) {
                     dp_into::<L>(acc, lo, a.add(4 * c), false);
@@ -621,6 +640,109 @@ impl Group16 for R16Q4_K {
                             a[r].add(4).cast::<f32>().read_unaligned(),
                         );
                         acc[r] = L::offset(L::scale(acc[r], sumi, dsc, da), dm, -sa);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                L::store(*acc, t.out.add(r * t.out_stride + row0), n_rows);
+            }
+        }
+    }
+}
+
+/// Rows16 Q6_K.
+#[allow(non_camel_case_types)]
+pub struct R16Q6_K;
+
+/// Bytes of a Q6_K group-block.
+const Q6_K_BYTES: usize = 16 * 210;
+
+/// Adds the 6-bit quants (minus 32) of one Q6_K chunk at `qs` times the A16 quants at `a[r]`
+/// into `acc[r]`: its low nibbles (columns 0..16, one sub-block) into `.0` and its high
+/// nibbles (columns 16..32, the next sub-block) into `.1` when `HALF` is `None`, else only
+/// half `h` into `.0` (`HALF = Some(h)`: one accumulator per row, for many rows).
+#[inline(always)]
+unsafe fn k6_sums<L: Lanes16, const NA: usize>(
+    qs: *const u8,
+    a: &[*const u8; NA],
+    acc: &mut [(L::I, L::I); NA],
+    half: Option<usize>,
+) {
+    unsafe {
+        let mut h = L::zero_i();
+        for c in 0..8 {
+            if c % 2 == 0 {
+                h = L::load_u8(qs.add(rows16::Q6_K_HBITS + 2 * GROUP * (c / 2)));
+            }
+            let (lo, hi) = L::nibbles(L::load_u8(qs.add(32 * c)));
+            let bit = 4 * (c % 2) as i32;
+            match half {
+                None => {
+                    let lo = L::sub(L::or_high(lo, h, bit, 3), 32);
+                    let hi = L::sub(L::or_high(hi, h, bit + 2, 3), 32);
+                    for (acc, &a) in acc.iter_mut().zip(a) {
+                        dp_into::<L>(acc, lo, a.add(4 * c), false);
+                        dp_into::<L>(acc, hi, a.add(4 * (c + 8)), true);
+                    }
+                }
+                Some(s) => {
+                    let x = if s == 0 { lo } else { hi };
+                    let x = L::sub(L::or_high(x, h, bit + 2 * s as i32, 3), 32);
+                    for (acc, &a) in acc.iter_mut().zip(a) {
+                        dp_into::<L>(acc, x, a.add(4 * (c + 8 * s)), false);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Group16 for R16Q6_K {
+    /// Each 32-column chunk holds two sub-blocks of 16 columns against one A16 block
+    /// (`8b + j`); each sub-block's exact sum meets `d·sc` (16 rows' i8 scales widened) in one
+    /// FMA, sub-block `2j` before `2j + 1`, as the reference twin adds them. Up to four
+    /// activation rows take both halves in one pass (two accumulators per row, two chains);
+    /// more take one pass per half so each row keeps one accumulator.
+    #[inline(always)]
+    unsafe fn group<L: Lanes16, const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
+        unsafe {
+            let n_rows = (t.n_w - row0).min(GROUP);
+            let qs0 = rows16::quants_offset(crate::quant::GgmlType::Q6_K);
+            let mut acc = [L::zero_f(); NA];
+            for b in 0..t.nb {
+                let wb = w.add(b * Q6_K_BYTES);
+                let d = L::f16(wb);
+                for j in 0..8 {
+                    let qs = wb.add(qs0 + j * rows16::Q6_K_SUB_BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(qs.wrapping_add(PREFETCH).cast());
+                    let a: [*const u8; NA] =
+                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A16_BYTES));
+                    let qa: [*const u8; NA] = a.map(|p| p.add(A16_QS));
+                    let dsc = |s: usize| {
+                        L::mul_i(d, L::load_i8_i32(wb.add(rows16::Q6_K_SCALES + GROUP * s)))
+                    };
+                    let da: [f32; NA] = a.map(|p| p.cast::<f32>().read_unaligned());
+                    if NA <= 4 {
+                        let mut acc_i = [(L::zero_i(), L::zero_i()); NA];
+                        k6_sums::<L, NA>(qs, &qa, &mut acc_i, None);
+                        let (d0, d1) = (dsc(2 * j), dsc(2 * j + 1));
+                        for r in 0..NA {
+                            acc[r] = L::scale(
+                                L::scale(acc[r], acc_i[r].0, d0, da[r]),
+                                acc_i[r].1,
+                                d1,
+                                da[r],
+                            );
+                        }
+                    } else {
+                        for s in 0..2 {
+                            let mut acc_i = [(L::zero_i(), L::zero_i()); NA];
+                            k6_sums::<L, NA>(qs, &qa, &mut acc_i, Some(s));
+                            let ds = dsc(2 * j + s);
+                            for r in 0..NA {
+                                acc[r] = L::scale(acc[r], acc_i[r].0, ds, da[r]);
+                            }
+                        }
                     }
                 }
             }

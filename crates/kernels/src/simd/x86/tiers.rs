@@ -98,6 +98,7 @@ macro_rules! tier {
             rows16_entry!(q5_0_rows16, rows16::R16Q5_0);
             rows16_entry!(q8_0_rows16, rows16::R16Q8_0);
             rows16_entry!(q4_K_rows16, rows16::R16Q4_K);
+            rows16_entry!(q6_K_rows16, rows16::R16Q6_K);
             k_entry!(q4_K_q8_K, kquants::q4_K_row);
             k_entry!(q5_K_q8_K, kquants::q5_K_row);
             k_entry!(q6_K_q8_K, kquants::q6_K_row);
@@ -200,6 +201,7 @@ macro_rules! tier {
                 set(GgmlType::Q5_0, q5_0_rows16);
                 set(GgmlType::Q8_0, q8_0_rows16);
                 set(GgmlType::Q4_K, q4_K_rows16);
+                set(GgmlType::Q6_K, q6_K_rows16);
                 t.quantize_a16 = quantize_a16;
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
