@@ -99,6 +99,11 @@ fn bench_matmul(c: &mut Criterion) {
         (GgmlType::Q4_1, FFN, HIDDEN),
         (GgmlType::Q4_1, HIDDEN, FFN),
         (GgmlType::Q8_0, 49152, HIDDEN),
+        // Larger than the last-level cache: a Q6_K LM head of DeepSeek/Qwen-sized rows, and
+        // the same shape in Q4_K and Q4_1 (one-row matmuls here stream from DRAM).
+        (GgmlType::Q6_K, 32768, 2048),
+        (GgmlType::Q4_K, 32768, 2048),
+        (GgmlType::Q4_1, 32768, 2048),
     ] {
         let w = weights(&mut rng, ty, rows, cols);
         let ggml = matrix(ty, rows, cols, &w);
