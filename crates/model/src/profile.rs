@@ -20,8 +20,13 @@
 //! its share goes on a side track of its own, "tokenmill-worker-0 (caller)", so that every
 //! worker's strip reads alike rather than the caller's nesting under its ops.
 //!
-//! New op kinds (e.g. MoE routing and experts) are added to [`OpKind`], `OpKind::ALL` and
-//! `OpKind::name`; the trace and the profiler's report pick them up by name.
+//! DeepSeek's forward uses the same kinds where its work is the same kind (its Q and latent
+//! `kv_a` projections are `qkv_matmul`, the latent norm + RoPE + cache write `rope+kv_write`,
+//! MLA `attention`, a dense layer's FFN `ffn_gate_up+silu` / `ffn_down`) and three of its own
+//! for a MoE layer: the router, the routed experts and the shared experts.
+//!
+//! New op kinds are added to [`OpKind`], `OpKind::ALL` and `OpKind::name`; the trace and the
+//! profiler's report pick them up by name.
 
 use std::cell::Cell;
 use std::time::{Duration, Instant};
@@ -49,20 +54,29 @@ pub enum OpKind {
     Embed,
     /// Residual add fused with the next RMSNorm (and the first / final norms).
     Norm,
-    /// Q, K and V in one pass, plus their biases.
+    /// Q, K and V in one pass, plus their biases (DeepSeek: Q and the latent `kv_a`).
     QkvMatmul,
-    /// RoPE of Q, and of K fused into the cache write.
+    /// RoPE of Q, and of K fused into the cache write (DeepSeek: the latent's norm and RoPE,
+    /// written into the latent cache, and RoPE of Q's rope part).
     RopeKvWrite,
+    /// Attention over the KV cache (DeepSeek: MLA over the latent cache, with the absorbed
+    /// `kv_b` projections).
     Attention,
     OutProj,
     /// Gate and up projections with the SiLU gate fused in.
     FfnGateUp,
     FfnDown,
+    /// MoE: the router matmul, top-k routing and grouping the tokens by expert.
+    MoeRouter,
+    /// MoE: the routed experts' SwiGLU FFNs and their weighted sum.
+    MoeExperts,
+    /// MoE: the shared experts' SwiGLU FFN.
+    MoeShared,
     LmHead,
 }
 
 impl OpKind {
-    pub const ALL: [OpKind; 9] = [
+    pub const ALL: [OpKind; 12] = [
         OpKind::Embed,
         OpKind::Norm,
         OpKind::QkvMatmul,
@@ -71,6 +85,9 @@ impl OpKind {
         OpKind::OutProj,
         OpKind::FfnGateUp,
         OpKind::FfnDown,
+        OpKind::MoeRouter,
+        OpKind::MoeExperts,
+        OpKind::MoeShared,
         OpKind::LmHead,
     ];
 
@@ -84,6 +101,9 @@ impl OpKind {
             OpKind::OutProj => "attn_output",
             OpKind::FfnGateUp => "ffn_gate_up+silu",
             OpKind::FfnDown => "ffn_down",
+            OpKind::MoeRouter => "moe_router",
+            OpKind::MoeExperts => "moe_experts",
+            OpKind::MoeShared => "moe_shared_experts",
             OpKind::LmHead => "lm_head",
         }
     }

@@ -122,3 +122,26 @@ fn bad_batches_are_rejected() {
             .is_err()
     );
 }
+
+#[test]
+fn profile_splits_the_forward_into_mla_and_moe_ops() {
+    use tokenmill_model::{OpKind, OpProfile};
+    let (model, fx) = load("v2");
+    let input = ids(&fx["input_ids"]);
+    let mut kv = model.kv_cache(input.len().div_ceil(16), 16);
+    let table: Vec<u32> = (0..kv.num_blocks() as u32).collect();
+    let mut ws = Workspace::default();
+    ws.profile = Some(OpProfile::default());
+    let chunk = SeqChunk {
+        tokens: &input,
+        start_pos: 0,
+        block_table: &table,
+        logits: LogitsWanted::Last,
+    };
+    model.forward(&[chunk], &mut kv, &mut ws).unwrap();
+    let p = ws.profile.unwrap();
+    // Layer 0 is dense, layers 1–2 MoE with a shared expert: every kind of the forward ran.
+    for kind in OpKind::ALL {
+        assert!(p.total(kind) > std::time::Duration::ZERO, "{}", kind.name());
+    }
+}

@@ -8,13 +8,16 @@
 //!   then N decode steps of a B-chunk batch — `llama-batched-bench`'s S_TG.
 //!
 //! Each test runs `--repetitions` times and the median is reported. Tokens are pseudo-random
-//! ids, fixed by `--seed`, so no prefix is ever shared. Any [`Model`] runs; the FLOP and byte
-//! models (GFLOP/s, GB/s) and the op split exist for the Llama family only, so a DeepSeek
-//! model reports time and tok/s with `-` in those columns.
+//! ids, fixed by `--seed`, so no prefix is ever shared. Any [`Model`] runs, with its op split
+//! and GFLOP/s (a DeepSeek token's FLOPs are exact whatever the routing: every token runs
+//! `k` routed experts and the shared ones). The byte model (GB/s, the read roof) exists for
+//! the Llama family only: which experts a MoE step reads depends on the routing, so a
+//! DeepSeek model reports `-` there.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use tokenmill_model::deepseek::DeepSeekConfig;
 use tokenmill_model::{
     KvDtype, LlamaModel, LogitsWanted, Model, ModelConfig, OpKind, OpProfile, SeqChunk, Workspace,
 };
@@ -60,8 +63,8 @@ const BLOCK_SIZE: usize = 16;
 struct Outcome {
     tokens: usize,
     time: Duration,
-    /// `None` where there is no FLOP / byte model (non-Llama architectures).
-    flops: Option<f64>,
+    flops: f64,
+    /// `None` where there is no byte model (DeepSeek: the experts read depend on routing).
     bytes: Option<f64>,
     ops: OpProfile,
 }
@@ -156,8 +159,8 @@ fn median(reps: usize, mut f: impl FnMut() -> anyhow::Result<Outcome>) -> Outcom
 fn report(name: &str, o: &Outcome) {
     let secs = o.time.as_secs_f64();
     let rate = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{:.1}", v / secs / 1e9));
-    // Shares of the wall time; what no op recorded (the DeepSeek forward records only the
-    // embedding and the LM head, which it shares with the Llama path) is shown as such.
+    // Shares of the wall time; what no op recorded (the work between ops, e.g. the batch's
+    // bookkeeping and sampling) is shown as such.
     let wall = secs.max(1e-12);
     let mut shares: Vec<String> = OpKind::ALL
         .iter()
@@ -175,7 +178,7 @@ fn report(name: &str, o: &Outcome) {
         o.tokens,
         secs * 1e3,
         o.tokens as f64 / secs,
-        rate(o.flops),
+        rate(Some(o.flops)),
         rate(o.bytes),
         shares.join(", ")
     );
@@ -223,8 +226,7 @@ fn pp(model: &Model, dtype: KvDtype, n: usize, rng: &mut u64) -> anyhow::Result<
     model.forward(&[chunk], &mut kv, &mut ws)?;
     let time = t.elapsed();
     // Attention: each token attends to ~half the prompt on average.
-    let flops = llama(model)
-        .map(|m| n as f64 * (flops_per_token(m.config()) + attn_flops(m.config(), n as f64 / 2.0)));
+    let flops = n as f64 * flops_per_token(model, n as f64 / 2.0);
     let bytes = llama(model).map(matmul_weight_bytes);
     Ok(Outcome {
         tokens: n,
@@ -293,8 +295,7 @@ fn bd(
     let time = t.elapsed();
     let mean_ctx = prompt as f64 + steps as f64 / 2.0;
     let tokens = b * steps;
-    let flops = llama(model)
-        .map(|m| tokens as f64 * (flops_per_token(m.config()) + attn_flops(m.config(), mean_ctx)));
+    let flops = tokens as f64 * flops_per_token(model, mean_ctx);
     // Every step streams all weights once, plus each sequence's K/V so far.
     let kv_bytes = kv.bytes_per_token() as f64 * mean_ctx * b as f64;
     let bytes = llama(model).map(|m| steps as f64 * (matmul_weight_bytes(m) + kv_bytes));
@@ -307,8 +308,17 @@ fn bd(
     })
 }
 
-/// Matmul FLOPs per token: 2 × the parameters of every linear layer and the LM head.
-fn flops_per_token(cfg: &ModelConfig) -> f64 {
+/// FLOPs of one token attending to `ctx` positions: the matmuls (2 × the parameters each token
+/// multiplies) and attention.
+fn flops_per_token(model: &Model, ctx: f64) -> f64 {
+    match model {
+        Model::Llama(m) => llama_flops(m.config(), ctx),
+        Model::DeepSeek(m) => deepseek_flops(m.config(), ctx),
+    }
+}
+
+/// Every linear layer and the LM head; QKᵀ and PV over every head and layer.
+fn llama_flops(cfg: &ModelConfig, ctx: f64) -> f64 {
     let (h, q, kv, f) = (
         cfg.hidden,
         cfg.n_heads * cfg.head_dim,
@@ -316,12 +326,36 @@ fn flops_per_token(cfg: &ModelConfig) -> f64 {
         cfg.ffn_hidden,
     );
     let per_layer = h * q + 2 * h * kv + q * h + 3 * h * f;
-    2.0 * (cfg.n_layers * per_layer + h * cfg.vocab_size) as f64
+    let matmuls = 2.0 * (cfg.n_layers * per_layer + h * cfg.vocab_size) as f64;
+    matmuls + 4.0 * (cfg.n_layers * cfg.n_heads * cfg.head_dim) as f64 * ctx
 }
 
-/// Attention FLOPs per token at context length `ctx`: QKᵀ and PV over every head and layer.
-fn attn_flops(cfg: &ModelConfig, ctx: f64) -> f64 {
-    4.0 * (cfg.n_layers * cfg.n_heads * cfg.head_dim) as f64 * ctx
+/// The Q (or Q-LoRA) and latent `kv_a` projections, the absorbed `kv_b` halves (`q_nope` into
+/// the latent, the latent output into `v`), the output projection, the dense FFN or the router
+/// with `k` routed experts and the shared experts, and the LM head; MLA per key: the latent
+/// score (`r + rope`) and the latent accumulation (`r`), for every head and layer.
+fn deepseek_flops(c: &DeepSeekConfig, ctx: f64) -> f64 {
+    let (h, nh, r, rope) = (c.hidden, c.n_heads, c.kv_lora_rank, c.qk_rope_head_dim);
+    let q_out = nh * (c.qk_nope_head_dim + rope);
+    let q = match c.q_lora_rank {
+        Some(ql) => h * ql + ql * q_out,
+        None => h * q_out,
+    };
+    let attn =
+        q + h * (r + rope) + nh * r * (c.qk_nope_head_dim + c.v_head_dim) + nh * c.v_head_dim * h;
+    let moe =
+        h * c.n_routed_experts + 3 * h * c.moe_hidden * (c.n_experts_per_tok + c.n_shared_experts);
+    let ffn: usize = (0..c.n_layers)
+        .map(|l| {
+            if c.is_moe(l) {
+                moe
+            } else {
+                3 * h * c.ffn_hidden
+            }
+        })
+        .sum();
+    let matmuls = 2.0 * (c.n_layers * attn + ffn + h * c.vocab_size) as f64;
+    matmuls + 2.0 * (c.n_layers * nh * (2 * r + rope)) as f64 * ctx
 }
 
 /// Bytes of every matmul weight (what one forward step must stream from memory).

@@ -61,6 +61,7 @@ pub(crate) use workspace::DeepSeekBuffers;
 use crate::ModelError;
 use crate::batch::SeqChunk;
 use crate::embed_head::{self, embed_batch};
+use crate::profile::{OpKind, set_layer, start, stop};
 use crate::store::WeightStore;
 use crate::workspace::resize;
 use crate::{Workspace, compute_pool};
@@ -149,9 +150,12 @@ impl DeepSeekModel {
         let embed = self.weights.embed.view(&self.store);
         let n_tok = embed_batch(chunks, &embed, &c.inv_freq, c.rope_mscale, ws);
         let layers = &self.weights.layers;
+        let t = start(&ws.profile);
         let xn = resize(&mut ws.xn, n_tok * c.hidden);
         rms_norm(&ws.x, &layers[0].attn_norm, c.rms_eps, xn);
+        stop(&mut ws.profile, OpKind::Norm, t);
         for (l, lw) in layers.iter().enumerate() {
+            set_layer(l);
             self.attention(l, lw, chunks, kv, ws);
             self.ffn(lw, layers.get(l + 1), ws);
         }
@@ -180,9 +184,16 @@ impl DeepSeekModel {
         let c = &self.cfg;
         let (nh, qk) = (c.n_heads, c.qk_nope_head_dim + c.qk_rope_head_dim);
         let n_tok = ws.tok_pos.len();
-        let d = &mut ws.deepseek;
+        let (d, prof) = (&mut ws.deepseek, &mut ws.profile);
+        let t = start(prof);
         self.queries(lw, &ws.xn, d);
-        self.write_latents(l, lw, chunks, kv, &ws.xn, &ws.rope_cs, &ws.tok_pos, d);
+        let ckv = resize(&mut d.ckv, n_tok * c.latent_dim()); // [T, r + rope]
+        matmul(&ws.xn, &lw.kv_a.view(&self.store), ckv);
+        stop(prof, OpKind::QkvMatmul, t);
+        let t = start(prof);
+        self.write_latents(l, lw, chunks, kv, &ws.rope_cs, &ws.tok_pos, d);
+        stop(prof, OpKind::RopeKvWrite, t);
+        let t = start(prof);
         let out = resize(&mut d.attn, n_tok * nh * c.v_head_dim); // [T, H·v]
         let pool = compute_pool();
         if d.mla.len() < pool.num_threads() {
@@ -201,9 +212,14 @@ impl DeepSeekModel {
             let mut s = mla::free_scratch(scratch);
             mla::attend(c, &lw.kv_b, &q[t * nh * qk..][..nh * qk], keys, &mut s, oh);
         });
+        stop(prof, OpKind::Attention, t);
+        let t = start(prof);
         let proj = resize(&mut ws.proj, n_tok * c.hidden);
         matmul(out, &lw.o.view(&self.store), proj);
+        stop(prof, OpKind::OutProj, t);
+        let t = start(prof);
         add_rms_norm(&mut ws.x, proj, &lw.ffn_norm, c.rms_eps, &mut ws.xn);
+        stop(prof, OpKind::Norm, t);
     }
 
     /// `d.q = W_qb · rms_norm(W_qa · xn)` (or `W_q · xn`) `[T, H·(nope + rope)]` (RoPE on
@@ -229,7 +245,7 @@ impl DeepSeekModel {
     }
 
     /// The batch's latent cache rows `[rms_norm(c) · kv_a_norm, rope(k_pe)]` of
-    /// `W_kva · xn`, and RoPE on the rope part of every query head in `d.q`.
+    /// `d.ckv = W_kva · xn`, and RoPE on the rope part of every query head in `d.q`.
     #[allow(clippy::too_many_arguments)]
     fn write_latents(
         &self,
@@ -237,17 +253,15 @@ impl DeepSeekModel {
         lw: &Layer,
         chunks: &[SeqChunk<'_>],
         kv: &mut LatentKvCache,
-        xn: &[f32],
         rope_cs: &[f32],
         tok_pos: &[(usize, usize)],
         d: &mut DeepSeekBuffers,
     ) {
         let c = &self.cfg;
         let (r, nope, rope) = (c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim);
-        let ckv = resize(&mut d.ckv, tok_pos.len() * c.latent_dim()); // [T, r + rope]
-        matmul(xn, &lw.kv_a.view(&self.store), ckv);
         let style = RopeStyle::Interleaved;
-        for ((row, cs), &(ci, pos)) in ckv
+        for ((row, cs), &(ci, pos)) in d
+            .ckv
             .chunks_exact(c.latent_dim())
             .zip(rope_cs.chunks_exact(rope))
             .zip(tok_pos)
@@ -270,23 +284,39 @@ impl DeepSeekModel {
     fn ffn(&self, lw: &Layer, next: Option<&Layer>, ws: &mut Workspace) {
         let c = &self.cfg;
         let proj = resize(&mut ws.proj, ws.xn.len());
-        let d = &mut ws.deepseek;
+        let (d, prof) = (&mut ws.deepseek, &mut ws.profile);
         match &lw.ffn {
-            Ffn::Dense(m) => mlp(&self.store, m, &ws.xn, &mut d.ffn, proj),
-            Ffn::Moe(m) => moe::moe(&self.store, c, m, &ws.xn, &mut d.moe, proj),
+            Ffn::Dense(m) => {
+                let t = start(prof);
+                let f = gate_up(&self.store, m, &ws.xn, &mut d.ffn);
+                stop(prof, OpKind::FfnGateUp, t);
+                let t = start(prof);
+                matmul(f, &m.down.view(&self.store), proj);
+                stop(prof, OpKind::FfnDown, t);
+            }
+            Ffn::Moe(m) => moe::moe(&self.store, c, m, &ws.xn, &mut d.moe, proj, prof),
         }
+        let t = start(prof);
         match next {
             Some(next) => add_rms_norm(&mut ws.x, proj, &next.attn_norm, c.rms_eps, &mut ws.xn),
             None => add_in_place(&mut ws.x, proj),
         }
+        stop(prof, OpKind::Norm, t);
     }
+}
+
+/// `f = silu(W_gate · x) ⊙ W_up · x` `[rows, gate.rows]` for every row of `x`, in `f`'s
+/// buffer.
+fn gate_up<'f>(store: &WeightStore, m: &Mlp, x: &[f32], f: &'f mut Vec<f32>) -> &'f mut [f32] {
+    let n_tok = x.len() / m.gate.cols;
+    let f = resize(f, n_tok * m.gate.rows);
+    matmul_silu_mul(x, &m.gate.view(store), &m.up.view(store), f);
+    f
 }
 
 /// `out = W_down · (silu(W_gate · x) ⊙ W_up · x)` for every row of `x`, through `f`
 /// `[rows, gate.rows]`.
 fn mlp(store: &WeightStore, m: &Mlp, x: &[f32], f: &mut Vec<f32>, out: &mut [f32]) {
-    let n_tok = x.len() / m.gate.cols;
-    let f = resize(f, n_tok * m.gate.rows);
-    matmul_silu_mul(x, &m.gate.view(store), &m.up.view(store), f);
+    let f = gate_up(store, m, x, f);
     matmul(f, &m.down.view(store), out);
 }

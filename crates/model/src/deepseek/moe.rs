@@ -21,6 +21,7 @@ use tokenmill_kernels::ops::{add_in_place, axpy, softmax};
 use super::config::{DeepSeekConfig, Routing};
 use super::mlp;
 use super::weights::Moe;
+use crate::profile::{OpKind, OpProfile, start, stop};
 use crate::store::WeightStore;
 use crate::workspace::resize;
 
@@ -189,7 +190,8 @@ pub fn route(
 }
 
 /// `out` `[T, hidden]` = the routed experts (grouped per expert over the tokens routed to
-/// it, module docs) plus the shared experts, of `xn` `[T, hidden]`.
+/// it, module docs) plus the shared experts, of `xn` `[T, hidden]`; the three stages are timed
+/// as [`OpKind::MoeRouter`], [`OpKind::MoeExperts`] and [`OpKind::MoeShared`].
 pub(super) fn moe(
     store: &WeightStore,
     cfg: &DeepSeekConfig,
@@ -197,7 +199,9 @@ pub(super) fn moe(
     xn: &[f32],
     s: &mut MoeScratch,
     out: &mut [f32],
+    prof: &mut Option<OpProfile>,
 ) {
+    let t = start(prof);
     let (h, e) = (cfg.hidden, cfg.n_routed_experts);
     let n_tok = xn.len() / h;
     let logits = resize(&mut s.logits, n_tok * e);
@@ -217,23 +221,28 @@ pub(super) fn moe(
     for (row, &(t, _)) in xe.chunks_exact_mut(h).zip(&s.slots) {
         row.copy_from_slice(&xn[t * h..(t + 1) * h]);
     }
+    stop(prof, OpKind::MoeRouter, t);
+    let t = start(prof);
     let ye = resize(&mut s.ye, s.slots.len() * h);
-    let mut start = 0;
+    let mut first = 0;
     for (expert, &end) in m.experts.iter().zip(&s.ends) {
-        if end > start {
-            let (x, y) = (&xe[start * h..end * h], &mut ye[start * h..end * h]);
+        if end > first {
+            let (x, y) = (&xe[first * h..end * h], &mut ye[first * h..end * h]);
             mlp(store, expert, x, &mut s.ffn, y);
         }
-        start = end;
+        first = end;
     }
     out.fill(0.0);
     for (&(t, w), y) in s.slots.iter().zip(ye.chunks_exact(h)) {
         axpy(&mut out[t * h..(t + 1) * h], w, y);
     }
+    stop(prof, OpKind::MoeExperts, t);
     if let Some(shared) = &m.shared {
+        let t = start(prof);
         let ys = resize(&mut s.shared, n_tok * h);
         mlp(store, shared, xn, &mut s.ffn, ys);
         add_in_place(out, ys);
+        stop(prof, OpKind::MoeShared, t);
     }
 }
 
