@@ -103,7 +103,7 @@ pub struct TierFns {
     /// its Rows16 kernels).
     pub dots_a16: [Option<DotTileFn>; 15],
     /// Integer dot kernel of [Rows16](crate::quant::rows16) weights against A16 activations,
-    /// by weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K). Its [`Tile`]'s `w_stride` is the bytes of
+    /// by weight type (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q6_K). Its [`Tile`]'s `w_stride` is the bytes of
     /// a group of 16 rows, and `n_a` may go up to [`MAX_ROWS_16`].
     pub dots_rows16: [Option<DotTileFn>; 15],
     /// A16 activation quantizer.

@@ -688,8 +688,8 @@ const Q6_K_BYTES: usize = 16 * 210;
 
 /// Adds the 6-bit quants (minus 32) of one Q6_K chunk at `qs` times the A16 quants at `a[r]`
 /// into `acc[r]`: its low nibbles (columns 0..16, one sub-block) into `.0` and its high
-/// nibbles (columns 16..32, the next sub-block) into `.1` when `HALF` is `None`, else only
-/// half `h` into `.0` (`HALF = Some(h)`: one accumulator per row, for many rows).
+/// nibbles (columns 16..32, the next sub-block) into `.1` when `half` is `None`, else only
+/// half `h` into `.0` (`half = Some(h)`: one accumulator per row, for many rows).
 #[inline(always)]
 unsafe fn k6_sums<L: Lanes16, const NA: usize>(
     qs: *const u8,
