@@ -93,6 +93,9 @@ impl ChatTemplate {
         eos: Option<String>,
     ) -> Result<ChatTemplate, TokenizerError> {
         let mut env = Environment::new();
+        // No source excerpts at render time (see [`describe`]); on by default in debug builds
+        // only, so off here for the same messages in every build.
+        env.set_debug(false);
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
@@ -102,7 +105,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_owned())
-            .map_err(|e| TokenizerError::TemplateSyntax(format!("{e:#}")))?;
+            .map_err(|e| TokenizerError::TemplateSyntax(describe(&e)))?;
         Ok(ChatTemplate {
             env,
             source: source.to_owned(),
@@ -175,7 +178,7 @@ impl ChatTemplate {
         let tmpl = self
             .env
             .get_template(NAME)
-            .map_err(|e| TokenizerError::Template(format!("{e:#}")))?;
+            .map_err(|e| TokenizerError::Template(describe(&e)))?;
         let mut out = LimitedWriter {
             buf: Vec::new(),
             limit: self.max_output_bytes,
@@ -205,7 +208,24 @@ fn map_render_error(e: Error) -> TokenizerError {
         }
         source = s.source();
     }
-    TokenizerError::Template(format!("{e:#}"))
+    TokenizerError::Template(describe(&e))
+}
+
+/// `e`'s kind, detail and line (`kind: detail (in chat_template:LINE)`), then its causes.
+///
+/// Never minijinja's alternate form (`{e:#}`): that appends a source excerpt drawn from the
+/// error's span, and for some malformed templates the span ends before it starts on the same
+/// line — minijinja's printer then subtracts past zero and panics (found by fuzzing
+/// `tokenizer_json`; 2.24.0's `debug.rs`).
+fn describe(e: &Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
 }
 
 /// Collects output, failing the write once `limit` bytes would be exceeded.
@@ -498,6 +518,22 @@ mod tests {
         assert!(matches!(e, TokenizerError::TemplateSyntax(_)), "{e:?}");
         let e = ChatTemplate::new("{{ 1 + }}", None, None).unwrap_err();
         assert!(matches!(e, TokenizerError::TemplateSyntax(_)), "{e:?}");
+    }
+
+    /// Errors name the kind, the detail and the line, and never carry minijinja's source
+    /// excerpt (whose printer panics on some malformed templates; see `describe`).
+    #[test]
+    fn errors_name_the_line_without_a_source_excerpt() {
+        let syntax = ChatTemplate::new("hi\n{{ 1 + }}", None, None).unwrap_err();
+        let t = ChatTemplate::new("a\n\n{{ messages[0].content + 1 }}", None, None).unwrap();
+        let render = t.render(&msgs(&[("user", "x")]), false).unwrap_err();
+        for (e, line) in [(syntax, 2), (render, 3)] {
+            let (TokenizerError::TemplateSyntax(m) | TokenizerError::Template(m)) = &e else {
+                panic!("{e:?}");
+            };
+            assert!(m.contains(&format!("(in chat_template:{line})")), "{m}");
+            assert!(!m.contains('\n'), "an excerpt in {m:?}");
+        }
     }
 
     #[test]
