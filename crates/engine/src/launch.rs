@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tokenmill_model::{KvDtype, Model};
+use tokenmill_model::{KvDtype, KvShape, Model};
 
 use crate::engine::{EngineHandle, start};
 use crate::error::EngineError;
@@ -80,6 +80,8 @@ pub struct Launched {
     pub config: SchedulerConfig,
     /// KV bytes cached per token, all layers (DeepSeek MLA: the latent row only).
     pub kv_bytes_per_token: usize,
+    /// What the model caches per token (with what an expanded K/V cache would).
+    pub kv_shape: KvShape,
     /// Limits lowered to what the machine holds, worth showing the operator.
     pub warnings: Vec<String>,
 }
@@ -101,7 +103,7 @@ impl EngineConfig {
         let num_blocks = num_blocks_for_memory(
             &model.kv_shape(),
             self.block_size,
-            model.kv_elem_bytes(self.kv_cache_dtype),
+            self.kv_cache_dtype.bytes(),
             budget,
         );
         if num_blocks == 0 {
@@ -172,6 +174,7 @@ pub fn launch(config: &EngineConfig, model: Model) -> Result<Launched, EngineErr
             ));
         }
     };
+    let kv_shape = model.kv_shape();
     let mut runner = ModelRunner::with_kv_dtype(model, &scheduler, config.kv_cache_dtype);
     if let Some(draft) = draft {
         runner = runner.with_draft(draft, &scheduler, config.kv_cache_dtype)?;
@@ -183,6 +186,7 @@ pub fn launch(config: &EngineConfig, model: Model) -> Result<Launched, EngineErr
         thread,
         config: scheduler,
         kv_bytes_per_token,
+        kv_shape,
         warnings,
     })
 }

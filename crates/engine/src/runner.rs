@@ -131,7 +131,7 @@ impl ModelRunner {
     }
 
     /// [`ModelRunner::new`] with K/V stored as `kv_dtype` (`--kv-cache-dtype`; size
-    /// `config.num_blocks` with [`Model::kv_elem_bytes`] of it).
+    /// `config.num_blocks` with [`KvDtype::bytes`] of it).
     pub fn with_kv_dtype(
         model: impl Into<Model>,
         config: &SchedulerConfig,

@@ -60,6 +60,7 @@ use tokenmill_model::LogitsWanted;
 
 use crate::error::EngineError;
 use crate::kv_manager::{CachedPrefix, KvCacheManager, PrefixCacheStats};
+use crate::kv_occupancy::KvOccupancy;
 use crate::pooling::Pooling;
 use crate::request::{FinishReason, Request, RequestId, RequestStatus};
 use crate::sampler::Sampled;
@@ -77,6 +78,8 @@ pub struct SchedulerStats {
     pub kv_usage: f64,
     pub num_blocks: usize,
     pub num_free_blocks: usize,
+    /// The running requests' blocks against the positions they fill, sampled every step.
+    pub kv_occupancy: KvOccupancy,
     pub prefix_cache: PrefixCacheStats,
     pub num_preemptions: u64,
     pub step_time: StepTimeStats,
@@ -116,6 +119,7 @@ pub struct Scheduler {
     plan: Vec<(RequestId, usize)>,
     next_seq: u64,
     num_preemptions: u64,
+    kv_occupancy: KvOccupancy,
     step_model: StepTimeModel,
     /// Static batching: (members, longest prompt) of the batch now running.
     static_batch: Option<(usize, usize)>,
@@ -142,6 +146,7 @@ impl Scheduler {
             plan: Vec::new(),
             next_seq: 0,
             num_preemptions: 0,
+            kv_occupancy: KvOccupancy::default(),
             step_model: StepTimeModel::default(),
             static_batch: None,
             spec_stats: SpecDecodeStats::default(),
@@ -195,6 +200,7 @@ impl Scheduler {
             kv_usage: self.kv.usage(),
             num_blocks: self.kv.num_blocks(),
             num_free_blocks: self.kv.num_free_blocks(),
+            kv_occupancy: self.kv_occupancy,
             prefix_cache: self.kv.prefix_cache_stats(),
             num_preemptions: self.num_preemptions,
             step_time: self.step_model.stats(),
@@ -346,6 +352,11 @@ impl Scheduler {
             }
         }
         let (bs, max_len) = (self.config.block_size, self.config.max_model_len);
+        let held = self.running.iter().map(|id| {
+            let filled = self.requests.get(id).map_or(0, |r| r.num_computed_tokens);
+            (self.kv.block_table(*id).len(), filled)
+        });
+        self.kv_occupancy.record(bs, held);
         let mut outputs = Vec::with_capacity(sampled.len());
         let mut previous = None;
         for (id, s) in sampled {

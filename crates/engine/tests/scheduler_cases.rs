@@ -556,3 +556,25 @@ fn scheduler_output_buffers_are_reused() {
     assert_eq!(before, after);
     assert_eq!(d.out.num_scheduled_tokens, 8);
 }
+
+/// The allocator's occupancy is sampled after every step: blocks of 4, prompts of 10 and 3
+/// tokens prefilled in one step hold 3 + 1 blocks (16 slots) for 13 filled positions; the
+/// peak is the first step with the most blocks held, and the mean waste stays below a
+/// quarter (at most 3 of the 4 slots of one block per request).
+#[test]
+fn kv_occupancy_counts_the_unfilled_tails_of_blocks() {
+    let mut d = Driver::new(cfg(4, 64, 64, 4));
+    d.submit(1, tokens(1, 10), params_exact(6));
+    d.submit(2, tokens(2, 3), params_exact(6));
+    d.step();
+    let o = d.sched.stats().kv_occupancy;
+    assert_eq!((o.samples, o.allocated, o.used), (1, 16, 13));
+    d.run_to_completion(100);
+    d.check_against_reference();
+    let o = d.sched.stats().kv_occupancy;
+    // Both advance one position a step: request 1 reaches its fourth block at 13 positions,
+    // when request 2 fills 6 of its two: 24 slots for 19 (the first sample of the peak).
+    assert_eq!((o.peak_allocated, o.used_at_peak), (24, 19));
+    assert_eq!(o.waste_at_peak(), 5);
+    assert!(o.mean_waste_fraction() > 0.0 && o.mean_waste_fraction() < 0.25);
+}

@@ -5,7 +5,8 @@
 //!   (`2 · n_layers · n_kv_heads · head_dim` elements per token).
 //! - `Latent`: DeepSeek multi-head latent attention caches one compressed row per token per
 //!   layer (`kv_lora_rank + rope_dim` elements; K and V are re-expanded from it, so there is
-//!   no separate V).
+//!   no separate V). It also knows what an implementation that expands K and V would cache
+//!   (`expanded_dim`), for reports of the saving.
 //!
 //! Bytes per element come from the cache's element type (`KvDtype`), so a size is always
 //! `elements · elem_bytes`.
@@ -19,11 +20,13 @@ pub enum KvShape {
         n_kv_heads: usize,
         head_dim: usize,
     },
-    /// One latent row of `kv_lora_rank + rope_dim`.
+    /// One latent row of `kv_lora_rank + rope_dim`; expanded, K and V would be `expanded_dim`
+    /// values per layer (`n_heads · (nope + rope + v)`).
     Latent {
         n_layers: usize,
         kv_lora_rank: usize,
         rope_dim: usize,
+        expanded_dim: usize,
     },
 }
 
@@ -40,7 +43,21 @@ impl KvShape {
                 n_layers,
                 kv_lora_rank,
                 rope_dim,
+                ..
             } => n_layers * (kv_lora_rank + rope_dim),
+        }
+    }
+
+    /// Elements per token of a cache of the expanded K and V, all layers (for `Standard`, the
+    /// same as [`Self::elems_per_token`]).
+    pub fn expanded_elems_per_token(&self) -> usize {
+        match *self {
+            KvShape::Standard { .. } => self.elems_per_token(),
+            KvShape::Latent {
+                n_layers,
+                expanded_dim,
+                ..
+            } => n_layers * expanded_dim,
         }
     }
 
@@ -75,8 +92,15 @@ mod tests {
             n_layers: 27,
             kv_lora_rank: 512,
             rope_dim: 64,
+            expanded_dim: 16 * (128 + 64 + 128),
         };
         assert_eq!(mla.elems_per_token(), 27 * 576);
         assert_eq!(mla.bytes_per_token(2), 27 * 576 * 2);
+        // Expanded: 5120 values per layer, 8.9 times the latent row.
+        assert_eq!(mla.expanded_elems_per_token(), 27 * 5120);
+        assert_eq!(
+            smollm2.expanded_elems_per_token(),
+            smollm2.elems_per_token()
+        );
     }
 }

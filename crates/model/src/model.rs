@@ -95,6 +95,7 @@ impl Model {
                     n_layers: c.n_layers,
                     kv_lora_rank: c.kv_lora_rank,
                     rope_dim: c.qk_rope_head_dim,
+                    expanded_dim: c.expanded_kv_dim(),
                 }
             }
         }
@@ -105,8 +106,8 @@ impl Model {
         self.kv_cache_with_dtype(num_blocks, block_size, KvDtype::F32)
     }
 
-    /// The KV storage for `num_blocks` blocks of `block_size` positions, K and V stored as
-    /// `dtype`. DeepSeek's latent cache is always f32 (it ignores `dtype`).
+    /// The KV storage for `num_blocks` blocks of `block_size` positions, K and V (DeepSeek:
+    /// the latent rows) stored as `dtype`.
     pub fn kv_cache_with_dtype(
         &self,
         num_blocks: usize,
@@ -120,15 +121,9 @@ impl Model {
                 block_size,
                 dtype,
             )),
-            Model::DeepSeek(m) => ModelKv::Latent(m.kv_cache(num_blocks, block_size)),
-        }
-    }
-
-    /// Bytes of one KV element stored as `dtype` (DeepSeek's latent cache: always f32's 4).
-    pub fn kv_elem_bytes(&self, dtype: KvDtype) -> usize {
-        match self {
-            Model::Llama(_) => dtype.bytes(),
-            Model::DeepSeek(_) => KvDtype::F32.bytes(),
+            Model::DeepSeek(m) => {
+                ModelKv::Latent(m.kv_cache_with_dtype(num_blocks, block_size, dtype))
+            }
         }
     }
 

@@ -8,10 +8,14 @@
 
 mod common;
 
-use common::{deepseek_greedy, deepseek_logits_chunked, floats, worst_rel};
+use common::{
+    deepseek_greedy, deepseek_greedy_kv, deepseek_logits_chunked, deepseek_logits_chunked_kv,
+    floats, worst_rel,
+};
 use serde_json::Value;
 use tokenmill_model::deepseek::{DeepSeekModel, Routing};
-use tokenmill_model::{LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{KvDtype, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_testutil::argmax;
 use tokenmill_testutil::ids;
 
 fn load(name: &str) -> (DeepSeekModel, Value) {
@@ -67,6 +71,33 @@ fn greedy_matches_hf_reference() {
     }
 }
 
+/// With the latent rows stored as f16 (`--kv-cache-dtype f16`), every position's top-1 token
+/// is the reference's and its logits stay within the f16 rounding of the cache.
+#[test]
+fn f16_latent_cache_keeps_top1_and_greedy() {
+    for name in ["v2", "v3"] {
+        let (model, fx) = load(name);
+        let input = ids(&fx["input_ids"]);
+        let got = deepseek_logits_chunked_kv(&model, KvDtype::F16, &input, 5);
+        let want = floats(&fx["logits"]);
+        let vocab = model.config().vocab_size;
+        let worst = worst_rel(&got, &want);
+        let mut agree = 0;
+        for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
+            agree += usize::from(argmax(g) == argmax(w));
+        }
+        eprintln!(
+            "{name}: f16 latent cache, worst relative logit error {worst}, top-1 {agree}/{}",
+            input.len()
+        );
+        assert!(worst < 1e-2, "{name}: max relative logit error {worst}");
+        assert_eq!(agree, input.len(), "{name}: top-1 differs at some position");
+        let greedy = ids(&fx["greedy_ids"]);
+        let got = deepseek_greedy_kv(&model, KvDtype::F16, &input, greedy.len());
+        assert_eq!(got, greedy, "{name}: greedy with an f16 latent cache");
+    }
+}
+
 #[test]
 fn chunked_prefill_matches_whole_prompt() {
     let (model, fx) = load("v2");
@@ -90,6 +121,12 @@ fn kv_bytes_per_token_is_the_latent_formula() {
     let kv = model.kv_cache(4, 16);
     // 3 layers · (kv_lora_rank 16 + qk_rope_head_dim 4) · 4 bytes
     assert_eq!(kv.bytes_per_token(), 3 * (16 + 4) * 4);
+    assert_eq!(
+        model
+            .kv_cache_with_dtype(4, 16, KvDtype::F16)
+            .bytes_per_token(),
+        3 * (16 + 4) * 2
+    );
     assert_eq!(kv.bytes_per_token(), c.n_layers * c.latent_dim() * 4);
     // Expanded K/V would hold H · (nope + rope + v) = 4 · 24 values per layer.
     assert_eq!(c.expanded_kv_dim(), 4 * (8 + 4 + 12));

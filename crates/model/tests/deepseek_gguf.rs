@@ -47,7 +47,8 @@ fn model_open_routes_deepseek2_gguf() {
             KvShape::Latent {
                 n_layers: 3,
                 kv_lora_rank: 16,
-                rope_dim: 4
+                rope_dim: 4,
+                expanded_dim: 4 * (8 + 4 + 12),
             }
         );
     }

@@ -7,7 +7,8 @@
 //! must be its binary's only test, so no other test allocates concurrently). Each model (HF
 //! folder and llama.cpp GGUF): four sequences prefilled with different prompt lengths in one
 //! batch, a few warm-up decode steps, then `STEPS` counted decode steps of the whole batch,
-//! with scattered block tables and block sizes 16 and 4. With the random weights the tokens of
+//! with scattered block tables, block sizes 16 and 4 over an f32 latent cache and 16 over an
+//! f16 one. With the random weights the tokens of
 //! a step pick different experts, and how many tokens each expert gets changes from step to
 //! step (shown by the unit test `deepseek::tests::decode_tokens_spread_over_experts`), so the
 //! grouped pass's varying shapes are among the counted steps.
@@ -16,6 +17,7 @@ mod counting_alloc;
 
 use counting_alloc::{Counting, decode_step_allocations};
 
+use tokenmill_model::KvDtype;
 use tokenmill_model::deepseek::DeepSeekModel;
 use tokenmill_testutil::argmax;
 
@@ -26,14 +28,15 @@ const B: usize = 4;
 const WARM_UP: usize = 3;
 const STEPS: usize = 24;
 
-/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`.
-fn decode_allocations(model: &DeepSeekModel, block_size: usize) -> usize {
+/// Allocations during `STEPS` decode steps of a 4-sequence batch on `model`, its latent cache
+/// of `dtype` rows.
+fn decode_allocations(model: &DeepSeekModel, block_size: usize, dtype: KvDtype) -> usize {
     let vocab = model.config().vocab_size;
     // Prompts cross the attention's 32-key tiles at different points.
     let prompt_lens = [5, 31, 50, 97];
     let max_len = prompt_lens.iter().max().unwrap() + WARM_UP + STEPS;
     let per_seq = max_len.div_ceil(block_size);
-    let mut kv = model.kv_cache(B * per_seq, block_size);
+    let mut kv = model.kv_cache_with_dtype(B * per_seq, block_size, dtype);
     // Sequence s owns blocks s, s + B, s + 2B, ... (interleaved, not contiguous).
     let tables: Vec<Vec<u32>> = (0..B)
         .map(|s| (0..per_seq).map(|i| (i * B + s) as u32).collect())
@@ -73,13 +76,13 @@ fn decode_steps_allocate_nothing() {
             ),
         ];
         for (form, model) in &models {
-            for block_size in [16, 4] {
-                let n = decode_allocations(model, block_size);
+            for (block_size, dtype) in [(16, KvDtype::F32), (4, KvDtype::F32), (16, KvDtype::F16)] {
+                let n = decode_allocations(model, block_size, dtype);
                 eprintln!(
-                    "{name} {form}, block size {block_size}: {n} allocations in {STEPS} steps"
+                    "{name} {form}, block size {block_size}, {dtype} latent cache: {n} allocations in {STEPS} steps"
                 );
                 if n != 0 {
-                    failures.push(format!("{name}/{form}/{block_size}: {n}"));
+                    failures.push(format!("{name}/{form}/{block_size}/{dtype}: {n}"));
                 }
             }
         }

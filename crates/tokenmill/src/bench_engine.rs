@@ -6,7 +6,7 @@ use tokenmill_bench::dataset::OutputLenDist;
 use tokenmill_bench::inprocess::{random_workload, run_closed_loop};
 use tokenmill_bench::runner::RunResult;
 use tokenmill_bench::stats::{Slo, Summary};
-use tokenmill_engine::{RequestParams, SamplingParams};
+use tokenmill_engine::{KvOccupancy, RequestParams, SamplingParams};
 
 use crate::engine_args::EngineArgs;
 
@@ -80,5 +80,45 @@ pub fn run(args: BenchEngineArgs) -> anyhow::Result<()> {
         "engine steps: {}  preemptions: {}  step time predicted vs measured: mean abs error {:.2} ms, P95 measured/predicted {:.3}",
         step.steps, step.scheduler.num_preemptions, t.mean_abs_error_ms, t.tail_ratio
     );
+    println!(
+        "{}",
+        kv_occupancy_line(&step.scheduler.kv_occupancy, step.kv_bytes_per_token)
+    );
     Ok(())
+}
+
+/// The paged allocator's occupancy over the run: the peak of the running requests' KV blocks
+/// against the positions they filled, and the mean share of allocated slots left unfilled.
+fn kv_occupancy_line(o: &KvOccupancy, bytes_per_token: usize) -> String {
+    let mib = |slots: usize| (slots * bytes_per_token) as f64 / (1 << 20) as f64;
+    let pct = |part: usize| 100.0 * part as f64 / o.peak_allocated.max(1) as f64;
+    format!(
+        "KV cache at its peak: {:.1} MiB allocated for {:.1} MiB of tokens ({} slots for {}), waste {:.2} MiB ({:.2}%); mean waste over {} steps {:.2}%",
+        mib(o.peak_allocated),
+        mib(o.used_at_peak),
+        o.peak_allocated,
+        o.used_at_peak,
+        mib(o.waste_at_peak()),
+        pct(o.waste_at_peak()),
+        o.samples,
+        100.0 * o.mean_waste_fraction()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn occupancy_line_reports_peak_bytes_and_waste() {
+        let mut o = KvOccupancy::default();
+        // 2 requests in blocks of 16: 64 slots for 49 positions, 1 MiB a token.
+        o.record(16, [(3, 33), (1, 16)].into_iter());
+        let line = kv_occupancy_line(&o, 1 << 20);
+        assert!(
+            line.contains("64.0 MiB allocated for 49.0 MiB of tokens (64 slots for 49), waste 15.00 MiB (23.44%)"),
+            "{line}"
+        );
+        assert!(line.contains("mean waste over 1 steps 23.44%"), "{line}");
+    }
 }

@@ -10,7 +10,7 @@ use tokenmill_engine::{
     Batching, EngineConfig, EngineHandle, KvCacheMemory, KvDtype, STATIC_BATCH_MAX_WAIT,
     SchedulingPolicy, SlaTargets, SpecMethod, SpeculativeConfig,
 };
-use tokenmill_model::Model;
+use tokenmill_model::{KvShape, Model};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BatchingArg {
@@ -24,9 +24,8 @@ pub enum KvDtypeArg {
     /// 4 bytes per element: exact.
     #[default]
     F32,
-    /// 2 bytes per element (K after RoPE and V rounded to nearest even): twice the tokens in
-    /// the same memory, half the bytes attention reads. Llama-family models; DeepSeek's latent
-    /// cache stays f32.
+    /// 2 bytes per element (K after RoPE and V, or DeepSeek's latent rows, rounded to nearest
+    /// even): twice the tokens in the same memory, half the bytes attention reads.
     F16,
 }
 
@@ -251,8 +250,17 @@ impl EngineArgs {
             eprintln!("warning: {w}");
         }
         let c = &launched.config;
+        let shape = &launched.kv_shape;
+        let expanded = shape.expanded_elems_per_token() * config.kv_cache_dtype.bytes();
+        let latent = match shape {
+            KvShape::Latent { .. } => format!(
+                "; latent rows, 1/{:.1} of the {expanded} an expanded K/V cache would take",
+                expanded as f64 / launched.kv_bytes_per_token as f64
+            ),
+            KvShape::Standard { .. } => String::new(),
+        };
         eprintln!(
-            "KV cache: {} blocks of {} tokens, {} bytes per token ({})",
+            "KV cache: {} blocks of {} tokens, {} bytes per token ({}{latent})",
             c.num_blocks, c.block_size, launched.kv_bytes_per_token, config.kv_cache_dtype
         );
         Ok((launched.handle, path))

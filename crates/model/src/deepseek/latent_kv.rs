@@ -5,6 +5,22 @@
 //! Layout `[n_layers, num_blocks, block_size, latent_dim]`, row-major: position `p` of a
 //! sequence is row `block_table[p / block_size] · block_size + p % block_size` of its layer.
 //! Block ownership is the caller's, as for [`KvCache`](crate::KvCache).
+//!
+//! Rows are f32 (the default, exact) or f16 ([`KvDtype::F16`], `--kv-cache-dtype f16`: half
+//! the bytes per token and half the bytes MLA reads per key). An f16 row is rounded to nearest
+//! even once, when it is written, and widened back to f32 exactly when MLA reads it
+//! ([`LatentKvCache::rows`]), so attention over an f16 cache is the f32 computation over the
+//! rounded rows, as for the Llama family's [`KvCache`](crate::KvCache).
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+use tokenmill_kernels::attention::KvDtype;
+
+/// The rows of every layer, `[n_layers, num_blocks, block_size, dim]`, of the cache's type.
+enum Rows {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
 
 pub struct LatentKvCache {
     num_blocks: usize,
@@ -12,18 +28,34 @@ pub struct LatentKvCache {
     n_layers: usize,
     /// `kv_lora_rank + qk_rope_head_dim`
     dim: usize,
-    /// `[n_layers, num_blocks, block_size, dim]`
-    data: Vec<f32>,
+    rows: Rows,
 }
 
 impl LatentKvCache {
+    /// An f32 cache.
     pub fn new(n_layers: usize, dim: usize, num_blocks: usize, block_size: usize) -> Self {
+        Self::with_dtype(n_layers, dim, num_blocks, block_size, KvDtype::F32)
+    }
+
+    /// A cache of `dtype` rows.
+    pub fn with_dtype(
+        n_layers: usize,
+        dim: usize,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> Self {
+        let len = n_layers * num_blocks * block_size * dim;
+        let rows = match dtype {
+            KvDtype::F32 => Rows::F32(vec![0.0; len]),
+            KvDtype::F16 => Rows::F16(vec![f16::ZERO; len]),
+        };
         LatentKvCache {
             num_blocks,
             block_size,
             n_layers,
             dim,
-            data: vec![0.0; n_layers * num_blocks * block_size * dim],
+            rows,
         }
     }
 
@@ -35,29 +67,122 @@ impl LatentKvCache {
         self.block_size
     }
 
+    /// The element type of the rows.
+    pub fn dtype(&self) -> KvDtype {
+        match self.rows {
+            Rows::F32(_) => KvDtype::F32,
+            Rows::F16(_) => KvDtype::F16,
+        }
+    }
+
     /// Blocks needed for `n_tokens` positions.
     pub fn blocks_for(&self, n_tokens: usize) -> usize {
         n_tokens.div_ceil(self.block_size)
     }
 
-    /// Bytes held per token across all layers: `n_layers · (kv_lora_rank + rope dim) · 4`.
+    /// Bytes held per token across all layers: `n_layers · (kv_lora_rank + rope dim)` elements
+    /// of the cache's type (4 bytes for f32, 2 for f16).
     pub fn bytes_per_token(&self) -> usize {
-        self.n_layers * self.dim * std::mem::size_of::<f32>()
+        self.n_layers * self.dim * self.dtype().bytes()
     }
 
-    fn row_index(&self, layer: usize, block_table: &[u32], pos: usize) -> usize {
+    /// The element range of the row of `layer` at `pos` of the sequence with `block_table`.
+    fn range(&self, layer: usize, block_table: &[u32], pos: usize) -> std::ops::Range<usize> {
         let block = block_table[pos / self.block_size] as usize;
-        (layer * self.num_blocks + block) * self.block_size + pos % self.block_size
+        let row = (layer * self.num_blocks + block) * self.block_size + pos % self.block_size;
+        row * self.dim..(row + 1) * self.dim
     }
 
-    /// The cached row of `layer` at `pos` of the sequence with `block_table`.
-    pub fn row(&self, layer: usize, block_table: &[u32], pos: usize) -> &[f32] {
-        let r = self.row_index(layer, block_table, pos) * self.dim;
-        &self.data[r..r + self.dim]
+    /// Stores `row` (`dim` values) as the row of `layer` at `pos` (rounded for f16).
+    pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, row: &[f32]) {
+        let r = self.range(layer, block_table, pos);
+        match &mut self.rows {
+            Rows::F32(d) => d[r].copy_from_slice(row),
+            Rows::F16(d) => d[r].convert_from_f32_slice(row),
+        }
     }
 
-    pub fn row_mut(&mut self, layer: usize, block_table: &[u32], pos: usize) -> &mut [f32] {
-        let r = self.row_index(layer, block_table, pos) * self.dim;
-        &mut self.data[r..r + self.dim]
+    /// The row of `layer` at `pos` as f32: the cache's own slice (f32), or widened into `buf`
+    /// (`dim` values; f16).
+    pub fn row<'a>(
+        &'a self,
+        layer: usize,
+        block_table: &[u32],
+        pos: usize,
+        buf: &'a mut [f32],
+    ) -> &'a [f32] {
+        let r = self.range(layer, block_table, pos);
+        match &self.rows {
+            Rows::F32(d) => &d[r],
+            Rows::F16(d) => {
+                d[r].convert_to_f32_slice(buf);
+                buf
+            }
+        }
+    }
+
+    /// `out[i]` = the row of `layer` at `j0 + i` as f32, for every `i < out.len()`: slices of
+    /// the cache (f32), or rows widened into consecutive `dim`-value rows of `buf` (f16; `buf`
+    /// holds at least `out.len() · dim` values).
+    pub fn rows<'a>(
+        &'a self,
+        layer: usize,
+        block_table: &[u32],
+        j0: usize,
+        buf: &'a mut [f32],
+        out: &mut [&'a [f32]],
+    ) {
+        match &self.rows {
+            Rows::F32(d) => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = &d[self.range(layer, block_table, j0 + i)];
+                }
+            }
+            Rows::F16(d) => {
+                for (i, (o, b)) in out
+                    .iter_mut()
+                    .zip(buf.chunks_exact_mut(self.dim))
+                    .enumerate()
+                {
+                    d[self.range(layer, block_table, j0 + i)].convert_to_f32_slice(b);
+                    *o = b;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_rows_round_once_and_widen_exactly() {
+        let (dim, table) = (6, [2u32, 0, 1]);
+        let mut f32c = LatentKvCache::new(2, dim, 3, 4);
+        let mut f16c = LatentKvCache::with_dtype(2, dim, 3, 4, KvDtype::F16);
+        assert_eq!(f16c.dtype(), KvDtype::F16);
+        assert_eq!(2 * f16c.bytes_per_token(), f32c.bytes_per_token());
+        for pos in 0..12 {
+            let row: Vec<f32> = (0..dim)
+                .map(|i| (pos * dim + i) as f32 / 7.0 - 3.0)
+                .collect();
+            f32c.write(1, &table, pos, &row);
+            f16c.write(1, &table, pos, &row);
+        }
+        let mut buf = vec![0f32; 12 * dim];
+        let mut one = vec![0f32; dim];
+        for (j0, n) in [(0, 12), (3, 5), (11, 1)] {
+            let mut a: Vec<&[f32]> = vec![&[]; n];
+            f32c.rows(1, &table, j0, &mut [], &mut a);
+            let mut b: Vec<&[f32]> = vec![&[]; n];
+            f16c.rows(1, &table, j0, &mut buf, &mut b);
+            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                let rounded: Vec<f32> = x.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+                assert_eq!(*y, &rounded[..], "row {}", j0 + i);
+                assert_eq!(f16c.row(1, &table, j0 + i, &mut one), &rounded[..]);
+                assert_eq!(f32c.row(1, &table, j0 + i, &mut []), *x);
+            }
+        }
     }
 }

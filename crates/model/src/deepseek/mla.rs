@@ -17,7 +17,8 @@
 //! per head, `o_h` rescaled by `e^(m_old − m_new)` when the max grows, divided by `l_h` at the
 //! end. Dots and axpys are the kernels' (`matmul::dot`, the tier's FMA dot; `ops::axpy`,
 //! which vectorises); the scratch is an [`MlaScratch`] of fixed size (no allocation, whatever
-//! the context length).
+//! the context length). An f16 cache's tile is widened to f32 once into the scratch and read
+//! from there by both passes ([`LatentKvCache::rows`]); an f32 cache is read in place.
 //!
 //! `attend_ref` is the reference twin (tests only): the plain loops — one head at a time,
 //! two separate dots per score, an exact two-pass softmax over all scores. The two agree within
@@ -37,6 +38,14 @@ pub(super) const KEY_TILE: usize = 32;
 /// The per-token state of [`attend`], reused for every token and layer.
 #[derive(Debug, Default)]
 pub(crate) struct MlaScratch {
+    heads: HeadState,
+    /// A tile of key rows widened from an f16 cache `[KEY_TILE, r + rope]` (unused for f32).
+    tile: Vec<f32>,
+}
+
+/// The online-softmax state of every head.
+#[derive(Debug, Default)]
+struct HeadState {
     /// Absorbed queries `[H, r + rope]`.
     q_cat: Vec<f32>,
     /// Scores of the tile, then their `e^(s − m)` `[H, KEY_TILE]`.
@@ -54,11 +63,14 @@ impl MlaScratch {
     pub(super) fn new(cfg: &DeepSeekConfig) -> MlaScratch {
         let nh = cfg.n_heads;
         MlaScratch {
-            q_cat: vec![0.0; nh * cfg.latent_dim()],
-            scores: vec![0.0; nh * KEY_TILE],
-            m: vec![0.0; nh],
-            l: vec![0.0; nh],
-            o_lat: vec![0.0; nh * cfg.kv_lora_rank],
+            heads: HeadState {
+                q_cat: vec![0.0; nh * cfg.latent_dim()],
+                scores: vec![0.0; nh * KEY_TILE],
+                m: vec![0.0; nh],
+                l: vec![0.0; nh],
+                o_lat: vec![0.0; nh * cfg.kv_lora_rank],
+            },
+            tile: vec![0.0; KEY_TILE * cfg.latent_dim()],
         }
     }
 }
@@ -89,9 +101,14 @@ pub(super) struct Keys<'a> {
     pub n_keys: usize,
 }
 
-impl Keys<'_> {
-    fn row(&self, j: usize) -> &[f32] {
-        self.kv.row(self.layer, self.table, j)
+impl<'a> Keys<'a> {
+    /// Key `j` as f32 (`buf`: room for one row, used by an f16 cache).
+    #[cfg(test)]
+    fn row<'b>(&self, j: usize, buf: &'b mut [f32]) -> &'b [f32]
+    where
+        'a: 'b,
+    {
+        self.kv.row(self.layer, self.table, j, buf)
     }
 }
 
@@ -112,16 +129,20 @@ pub(super) fn attend(
         cfg.kv_lora_rank,
     );
     debug_assert!(keys.n_keys > 0, "a token attends at least to itself");
-    if s.q_cat.len() != nh * cfg.latent_dim() || s.o_lat.len() != nh * r {
+    if s.heads.q_cat.len() != nh * cfg.latent_dim() || s.heads.o_lat.len() != nh * r {
         *s = MlaScratch::new(cfg);
     }
+    let MlaScratch { heads: s, tile } = s;
     absorb_queries(cfg, kv_b, q, &mut s.q_cat);
     s.m.fill(f32::NEG_INFINITY);
     s.l.fill(0.0);
     s.o_lat.fill(0.0);
     for j0 in (0..keys.n_keys).step_by(KEY_TILE) {
         let n = KEY_TILE.min(keys.n_keys - j0);
-        attend_tile(cfg, keys, j0, n, s);
+        let mut rows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
+        keys.kv
+            .rows(keys.layer, keys.table, j0, tile, &mut rows[..n]);
+        attend_tile(cfg, &rows[..n], s);
     }
     for (hd, (oh, o_lat)) in out
         .chunks_exact_mut(vd)
@@ -155,11 +176,11 @@ fn absorb_queries(cfg: &DeepSeekConfig, kv_b: &[f32], q: &[f32], q_cat: &mut [f3
     }
 }
 
-/// One online-softmax step of every head over keys `j0..j0 + n` (`n ≤ KEY_TILE`).
-fn attend_tile(cfg: &DeepSeekConfig, keys: Keys<'_>, j0: usize, n: usize, s: &mut MlaScratch) {
-    let (d, r) = (cfg.latent_dim(), cfg.kv_lora_rank);
-    for jj in 0..n {
-        let row = keys.row(j0 + jj);
+/// One online-softmax step of every head over the key `rows` of a tile (at most
+/// `KEY_TILE`).
+fn attend_tile(cfg: &DeepSeekConfig, rows: &[&[f32]], s: &mut HeadState) {
+    let (d, r, n) = (cfg.latent_dim(), cfg.kv_lora_rank, rows.len());
+    for (jj, row) in rows.iter().enumerate() {
         for (qc, sh) in s
             .q_cat
             .chunks_exact(d)
@@ -188,8 +209,8 @@ fn attend_tile(cfg: &DeepSeekConfig, keys: Keys<'_>, j0: usize, n: usize, s: &mu
         s.l[hd] = s.l[hd] * corr + sum;
         s.m[hd] = m_new;
     }
-    for jj in 0..n {
-        let c = &keys.row(j0 + jj)[..r];
+    for (jj, row) in rows.iter().enumerate() {
+        let c = &row[..r];
         for (sh, o_lat) in s
             .scores
             .chunks_exact(KEY_TILE)
@@ -220,6 +241,7 @@ pub(super) fn attend_ref(
     );
     let qk = nope + cfg.qk_rope_head_dim;
     let (mut q_lat, mut o_lat) = (vec![0f32; r], vec![0f32; r]);
+    let mut buf = vec![0f32; cfg.latent_dim()];
     for hd in 0..nh {
         let qh = &q[hd * qk..(hd + 1) * qk];
         let w_uk = &kv_b[hd * (nope + vd) * r..(hd * (nope + vd) + nope) * r];
@@ -229,14 +251,14 @@ pub(super) fn attend_ref(
         }
         let mut scores: Vec<f32> = (0..keys.n_keys)
             .map(|j| {
-                let row = keys.row(j);
+                let row = keys.row(j, &mut buf);
                 cfg.attn_scale * (dot_ref(&q_lat, &row[..r]) + dot_ref(&qh[nope..], &row[r..]))
             })
             .collect();
         tokenmill_kernels::ops::softmax(&mut scores);
         o_lat.fill(0.0);
         for (j, p) in scores.iter().enumerate() {
-            let row = &keys.row(j)[..r];
+            let row = &keys.row(j, &mut buf)[..r];
             o_lat.iter_mut().zip(row).for_each(|(o, cv)| *o += p * cv);
         }
         let w_uv = &kv_b[(hd * (nope + vd) + nope) * r..(hd + 1) * (nope + vd) * r];
@@ -250,6 +272,7 @@ pub(super) fn attend_ref(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokenmill_kernels::attention::KvDtype;
 
     /// A DeepSeek config of `n_heads` heads, `r` latent, nope 8, rope 4, v 6.
     fn cfg(n_heads: usize, r: usize) -> DeepSeekConfig {
@@ -272,19 +295,23 @@ mod tests {
 
     #[test]
     fn attend_matches_reference() {
-        for (nh, r) in [(1, 16), (3, 16), (4, 40)] {
+        let shapes = [(1, 16), (3, 16), (4, 40)];
+        for ((nh, r), dtype) in shapes
+            .into_iter()
+            .flat_map(|s| KvDtype::ALL.map(|d| (s, d)))
+        {
             let c = cfg(nh, r);
             let (qk, vd) = (c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim);
             let kv_b = values(nh * (c.qk_nope_head_dim + vd) * r, 1);
             // 6 blocks of 20 positions, scattered; layer 1 of 2.
-            let mut kv = LatentKvCache::new(2, c.latent_dim(), 6, 20);
+            let mut kv = LatentKvCache::with_dtype(2, c.latent_dim(), 6, 20, dtype);
             let table = [4u32, 1, 5, 0, 3, 2];
             for pos in 0..120 {
-                let row = values(c.latent_dim(), 100 + pos as u32);
-                kv.row_mut(1, &table, pos)
-                    .iter_mut()
-                    .zip(&row)
-                    .for_each(|(d, v)| *d = 3.0 * v);
+                let row: Vec<f32> = values(c.latent_dim(), 100 + pos as u32)
+                    .iter()
+                    .map(|v| 3.0 * v)
+                    .collect();
+                kv.write(1, &table, pos, &row);
             }
             let mut scratch = MlaScratch::default();
             for n_keys in [1, 2, 31, 32, 33, 64, 65, 120] {
@@ -305,7 +332,7 @@ mod tests {
                     .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
                 assert!(
                     worst <= 1e-5 * peak,
-                    "{nh} heads, r {r}, {n_keys} keys: {worst} of {peak}"
+                    "{nh} heads, r {r}, {dtype}, {n_keys} keys: {worst} of {peak}"
                 );
             }
         }

@@ -58,12 +58,12 @@ pub use latent_kv::LatentKvCache;
 pub use moe::{RouteScratch, route};
 pub(crate) use workspace::DeepSeekBuffers;
 
-use crate::ModelError;
 use crate::batch::SeqChunk;
 use crate::embed_head::{self, embed_batch};
 use crate::profile::{OpKind, set_layer, start, stop};
 use crate::store::WeightStore;
 use crate::workspace::resize;
+use crate::{KvDtype, ModelError};
 use crate::{Workspace, compute_pool};
 use weights::{Ffn, Layer, Mlp, QProj, Weights};
 
@@ -112,13 +112,24 @@ impl DeepSeekModel {
         &self.store
     }
 
-    /// A latent KV cache of `num_blocks` blocks of `block_size` positions for this model.
+    /// An f32 latent KV cache of `num_blocks` blocks of `block_size` positions for this model.
     pub fn kv_cache(&self, num_blocks: usize, block_size: usize) -> LatentKvCache {
-        LatentKvCache::new(
+        self.kv_cache_with_dtype(num_blocks, block_size, KvDtype::F32)
+    }
+
+    /// A latent KV cache of `dtype` rows (f16: half the bytes per token).
+    pub fn kv_cache_with_dtype(
+        &self,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: KvDtype,
+    ) -> LatentKvCache {
+        LatentKvCache::with_dtype(
             self.cfg.n_layers,
             self.cfg.latent_dim(),
             num_blocks,
             block_size,
+            dtype,
         )
     }
 
@@ -260,16 +271,17 @@ impl DeepSeekModel {
         let c = &self.cfg;
         let (r, nope, rope) = (c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim);
         let style = RopeStyle::Interleaved;
+        let dst = resize(&mut d.latent, c.latent_dim());
         for ((row, cs), &(ci, pos)) in d
             .ckv
             .chunks_exact(c.latent_dim())
             .zip(rope_cs.chunks_exact(rope))
             .zip(tok_pos)
         {
-            let dst = kv.row_mut(l, chunks[ci].block_table, pos);
             rms_norm(&row[..r], &lw.kv_a_norm, c.rms_eps, &mut dst[..r]);
             dst[r..].copy_from_slice(&row[r..]);
             rope_with(&mut dst[r..], rope, cs, style);
+            kv.write(l, chunks[ci].block_table, pos, dst);
         }
         let q_row = c.n_heads * (nope + rope);
         for (qt, cs) in d.q.chunks_exact_mut(q_row).zip(rope_cs.chunks_exact(rope)) {

@@ -24,6 +24,8 @@ pub(crate) struct DeepSeekBuffers {
     pub(super) qa_norm: Vec<f32>,
     /// `W_kva · xn` `[T, kv_lora_rank + rope]` (normalised and rotated into the cache).
     pub(super) ckv: Vec<f32>,
+    /// One cache row `[rms_norm(c), rope(k_pe)]` on its way into the cache `[r + rope]`.
+    pub(super) latent: Vec<f32>,
     /// Attention output `[T, H·v]`.
     pub(super) attn: Vec<f32>,
     /// The dense FFN's `silu(gate) ⊙ up` `[T, ffn_hidden]`.
@@ -47,6 +49,7 @@ impl DeepSeekBuffers {
             qa: buf(t * q_lora),
             qa_norm: buf(t * q_lora),
             ckv: buf(t * cfg.latent_dim()),
+            latent: buf(cfg.latent_dim()),
             attn: buf(t * nh * cfg.v_head_dim),
             ffn: buf(t * cfg.ffn_hidden),
             mla: (0..compute_pool().num_threads())

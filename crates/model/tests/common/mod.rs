@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 use tokenmill_model::deepseek::DeepSeekModel;
-use tokenmill_model::{KvCache, LlamaModel, LogitsWanted, SeqChunk, Workspace};
+use tokenmill_model::{KvCache, KvDtype, LlamaModel, LogitsWanted, SeqChunk, Workspace};
 use tokenmill_testutil::argmax;
 
 /// A JSON array of rows of numbers, flattened.
@@ -97,7 +97,17 @@ pub fn greedy(model: &LlamaModel, prompt: &[u32], n: usize) -> Vec<u32> {
 
 /// [`logits_chunked_by`] for a DeepSeek model (8 latent KV blocks of 4 positions).
 pub fn deepseek_logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut kv = model.kv_cache(8, 4);
+    deepseek_logits_chunked_kv(model, KvDtype::F32, tokens, chunk)
+}
+
+/// [`deepseek_logits_chunked`] over a latent cache of `dtype` rows.
+pub fn deepseek_logits_chunked_kv(
+    model: &DeepSeekModel,
+    dtype: KvDtype,
+    tokens: &[u32],
+    chunk: usize,
+) -> Vec<f32> {
+    let mut kv = model.kv_cache_with_dtype(8, 4, dtype);
     let mut ws = Workspace::default();
     logits_chunked_by(tokens, chunk, |c, out| {
         out.extend_from_slice(model.forward(&[c], &mut kv, &mut ws).unwrap())
@@ -106,7 +116,17 @@ pub fn deepseek_logits_chunked(model: &DeepSeekModel, tokens: &[u32], chunk: usi
 
 /// [`greedy_by`] for a DeepSeek model.
 pub fn deepseek_greedy(model: &DeepSeekModel, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut kv = model.kv_cache(8, 4);
+    deepseek_greedy_kv(model, KvDtype::F32, prompt, n)
+}
+
+/// [`deepseek_greedy`] over a latent cache of `dtype` rows.
+pub fn deepseek_greedy_kv(
+    model: &DeepSeekModel,
+    dtype: KvDtype,
+    prompt: &[u32],
+    n: usize,
+) -> Vec<u32> {
+    let mut kv = model.kv_cache_with_dtype(8, 4, dtype);
     let mut ws = Workspace::default();
     greedy_by(prompt, n, |c| {
         argmax(model.forward(&[c], &mut kv, &mut ws).unwrap())
