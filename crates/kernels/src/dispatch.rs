@@ -35,7 +35,7 @@ use crate::kv_elem::KvElem;
 use crate::qmatrix::{Layout, QMatrix};
 use crate::quant::GgmlType;
 use crate::quant::rows16::GROUP;
-use crate::simd::attn::{AttnMergeFn, AttnTile, AttnTileFn};
+use crate::simd::attn::{AccRows, AttnMergeFn, AttnTile, AttnTileFn};
 use crate::simd::{MAX_ROWS, MAX_ROWS_16, TierFns, scalar};
 
 /// A kernel tier, from the most portable to the fastest.
@@ -555,6 +555,21 @@ impl Kernels {
         assert!(gate.len() == up.len() && up.len() == out.len());
         // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
         unsafe { (self.fns.silu_mul)(gate, up, out) }
+    }
+
+    /// `o[h][c] += Σ_{j<n} p[h·p_stride + j] · x[j·x_stride + c]` for every row `h` and
+    /// column `c` of `o` (row-major `[s.rows, s.cols]`; see [`AccRows`]). Panics if a slice is
+    /// too short for the shape.
+    #[inline]
+    pub fn acc_rows(&self, s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]) {
+        assert!(o.len() >= s.rows * s.cols, "o is shorter than rows × cols");
+        if s.rows == 0 || s.cols == 0 || s.n == 0 {
+            return;
+        }
+        assert!(p.len() >= (s.rows - 1) * s.p_stride + s.n, "p is too short");
+        assert!(x.len() >= (s.n - 1) * s.x_stride + s.cols, "x is too short");
+        // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.fns.acc_rows)(s, o, p, x) }
     }
 
     /// f32 dot product of two equal-length slices (panics otherwise).

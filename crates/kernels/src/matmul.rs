@@ -586,6 +586,86 @@ unsafe fn gemm_f32(
     }
 }
 
+/// A strided read-only f32 matrix: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    pub data: &'a [f32],
+    pub rows: usize,
+    pub cols: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl MatRef<'_> {
+    /// Whether every element lies inside `data`.
+    fn in_bounds(&self) -> bool {
+        self.rows == 0
+            || self.cols == 0
+            || (self.rows - 1) * self.rs + (self.cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `c = a · b` (or `c += a · b` with `accumulate`) for strided f32 matrices: `c` is
+/// `a.rows × b.cols` with element `(i, j)` at `c[i * c_rs + j * c_cs]`. Through the `gemm`
+/// crate's kernels on the calling thread, for attention's small per-tile products.
+///
+/// `gemm` packs operands (and allocates) unless the shapes let it read them in place. Taking
+/// the product with `c` column-major (`c_rs == 1`; `gemm` transposes a row-major one), two
+/// kinds of shape never allocate, and MLA uses only these (`tests/zero_alloc_deepseek.rs`
+/// counts): `a.cs == 1`, `b.rs == 1` and at most 256 outputs (its dot-product kernel); and
+/// `a.rs == 1`, `b.rs == 1` with `a.rows` a multiple of 16 and at most 2048.
+///
+/// # Panics
+///
+/// If the shapes disagree or a matrix reaches past its slice.
+pub fn gemm_strided(
+    c: &mut [f32],
+    c_rs: usize,
+    c_cs: usize,
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    accumulate: bool,
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    assert_eq!(b.rows, k, "inner dimensions differ");
+    assert!(
+        a.in_bounds() && b.in_bounds(),
+        "a matrix reaches past its slice"
+    );
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        (m - 1) * c_rs + (n - 1) * c_cs < c.len(),
+        "the product reaches past its slice"
+    );
+    // SAFETY: every element the product reads or writes is inside its slice (checked above),
+    // and `c` is borrowed mutably while `a` and `b` are shared borrows, so they do not alias.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            c_cs as isize,
+            c_rs as isize,
+            accumulate,
+            a.data.as_ptr(),
+            a.cs as isize,
+            a.rs as isize,
+            b.data.as_ptr(),
+            b.cs as isize,
+            b.rs as isize,
+            if accumulate { 1.0 } else { 0.0 },
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
 /// f32 dot product (the table's tier: FMA on x86-64 with AVX2).
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     kernels().dot_f32(a, b)

@@ -4,7 +4,9 @@
 //!   fused path), mixed formats (Q4_1 + Q6_K, the fallback) and float weights;
 //! * the SiLU gate of every tier against an f64 reference: relative `3e-6` — `e^-g` is
 //!   `2^(-g·log2 e)`, and rounding the f32 argument costs `|g| · 2^-24 · log2 e` relative
-//!   (~1.3e-6 at `|g| = 30`, where the gate is ~1e-12 anyway).
+//!   (~1.3e-6 at `|g| = 30`, where the gate is ~1e-12 anyway);
+//! * `acc_rows` (MLA's `O += P · X` over strided rows) against an f64 reference, within
+//!   `(n + 1) · 2^-23` of the sum of absolute terms.
 
 use tokenmill_kernels::dispatch::{Kernels, Tier};
 use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
@@ -85,6 +87,63 @@ fn silu_mul_tiers_match_reference() {
             for (i, (o, w)) in out.iter().zip(&want).enumerate() {
                 let tol = 3e-6 * w.abs() + 1e-30;
                 assert!((o - w).abs() <= tol, "{tier} n={n} [{i}]: {o} vs {w}");
+            }
+        }
+    }
+}
+
+/// MLA's latent accumulation `O += P · X` (strided `X` rows) on every tier this CPU has
+/// against an f64 reference, for shapes that exercise the 4-row blocks and the single rows
+/// after them, the pairs of vectors, one vector and the scalar column tail: relative to the
+/// sum of absolute terms, within `n · 2^-23`.
+#[test]
+fn acc_rows_tiers_match_reference() {
+    use tokenmill_kernels::attention::AccRows;
+    let mut rng = SplitMix64::new(5);
+    for tier in Tier::ALL {
+        if !Tier::supported().contains(&tier) {
+            eprintln!("skipped: acc_rows_tiers_match_reference: tier {tier} (this CPU lacks it)");
+        }
+    }
+    for (rows, cols, n) in [
+        (1, 1, 1),
+        (3, 8, 5),
+        (4, 16, 32),
+        (5, 40, 7),
+        (16, 512, 32),
+        (7, 33, 1),
+    ] {
+        let (p_stride, x_stride) = (n + 3, cols + 64);
+        let s = AccRows {
+            rows,
+            cols,
+            n,
+            p_stride,
+            x_stride,
+        };
+        let p: Vec<f32> = (0..rows * p_stride)
+            .map(|_| rng.uniform(0.0, 1.0))
+            .collect();
+        let x: Vec<f32> = (0..n * x_stride).map(|_| rng.uniform(-2.0, 2.0)).collect();
+        let o0: Vec<f32> = (0..rows * cols).map(|_| rng.uniform(-1.0, 1.0)).collect();
+        for tier in Tier::supported() {
+            let mut o = o0.clone();
+            Kernels::new(tier).unwrap().acc_rows(&s, &mut o, &p, &x);
+            for h in 0..rows {
+                for c in 0..cols {
+                    let terms =
+                        (0..n).map(|j| p[h * p_stride + j] as f64 * x[j * x_stride + c] as f64);
+                    let (sum, mag) = terms.fold(
+                        (o0[h * cols + c] as f64, o0[h * cols + c].abs() as f64),
+                        |(s, m), t| (s + t, m + t.abs()),
+                    );
+                    let got = o[h * cols + c] as f64;
+                    let tol = (n as f64 + 1.0) * f32::EPSILON as f64 * mag;
+                    assert!(
+                        (got - sum).abs() <= tol,
+                        "{tier} {rows}x{cols} n={n} [{h}][{c}]: {got} vs {sum}"
+                    );
+                }
             }
         }
     }

@@ -84,6 +84,44 @@ pub type AttnMergeFn =
 /// All three slices have the same length, and the CPU supports the tier's features.
 pub type SiluMulFn = unsafe fn(gate: &[f32], up: &[f32], out: &mut [f32]);
 
+/// The shape of an [`AccRowsFn`] call: `o[h][c] += Σ_{j<n} p[h·p_stride + j] · x[j·x_stride + c]`
+/// for `h < rows`, `c < cols` (`o` row-major `[rows, cols]`): a small product `O += P · X`
+/// whose `X` rows are strided (MLA's latent accumulation over a tile of cached rows).
+#[derive(Clone, Copy, Debug)]
+pub struct AccRows {
+    pub rows: usize,
+    pub cols: usize,
+    pub n: usize,
+    pub p_stride: usize,
+    pub x_stride: usize,
+}
+
+/// `O += P · X` of an [`AccRows`] shape.
+///
+/// # Safety
+///
+/// `o` holds `rows · cols` values, `p` reaches `(rows − 1) · p_stride + n`, `x` reaches
+/// `(n − 1) · x_stride + cols`, and the CPU supports the tier's features.
+pub type AccRowsFn = unsafe fn(s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]);
+
+/// Scalar tier of [`AccRowsFn`] (the reference): for each output row, key by key in order,
+/// multiply then add.
+///
+/// # Safety
+///
+/// As [`AccRowsFn`].
+pub unsafe fn acc_rows(s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]) {
+    for (h, oh) in o.chunks_exact_mut(s.cols).take(s.rows).enumerate() {
+        for j in 0..s.n {
+            let pj = p[h * s.p_stride + j];
+            let xj = &x[j * s.x_stride..][..s.cols];
+            for (ov, &xv) in oh.iter_mut().zip(xj) {
+                *ov += pj * xv;
+            }
+        }
+    }
+}
+
 /// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add), keys
 /// and values widened from `E` as they are read.
 ///

@@ -127,6 +127,8 @@ pub struct TierFns {
     pub attn_lanes: usize,
     /// SiLU-gated product.
     pub silu_mul: attn::SiluMulFn,
+    /// Small `O += P · X` over strided rows (MLA's latent accumulation).
+    pub acc_rows: attn::AccRowsFn,
     /// The AMX matmul of Rows16 weights (the AMX tier only).
     #[cfg(target_arch = "x86_64")]
     pub amx: Option<AmxFns>,

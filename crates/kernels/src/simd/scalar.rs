@@ -302,6 +302,7 @@ pub fn fns() -> TierFns {
         attn_merge: super::attn::attn_merge,
         attn_lanes: 1,
         silu_mul: super::attn::silu_mul,
+        acc_rows: super::attn::acc_rows,
         #[cfg(target_arch = "x86_64")]
         amx: None,
     }

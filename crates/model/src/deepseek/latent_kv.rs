@@ -9,7 +9,7 @@
 //! Rows are f32 (the default, exact) or f16 ([`KvDtype::F16`], `--kv-cache-dtype f16`: half
 //! the bytes per token and half the bytes MLA reads per key). An f16 row is rounded to nearest
 //! even once, when it is written, and widened back to f32 exactly when MLA reads it
-//! ([`LatentKvCache::rows`]), so attention over an f16 cache is the f32 computation over the
+//! ([`LatentKvCache::gather`]), so attention over an f16 cache is the f32 computation over the
 //! rounded rows, as for the Llama family's [`KvCache`](crate::KvCache).
 
 use half::f16;
@@ -121,32 +121,14 @@ impl LatentKvCache {
         }
     }
 
-    /// `out[i]` = the row of `layer` at `j0 + i` as f32, for every `i < out.len()`: slices of
-    /// the cache (f32), or rows widened into consecutive `dim`-value rows of `buf` (f16; `buf`
-    /// holds at least `out.len() · dim` values).
-    pub fn rows<'a>(
-        &'a self,
-        layer: usize,
-        block_table: &[u32],
-        j0: usize,
-        buf: &'a mut [f32],
-        out: &mut [&'a [f32]],
-    ) {
-        match &self.rows {
-            Rows::F32(d) => {
-                for (i, o) in out.iter_mut().enumerate() {
-                    *o = &d[self.range(layer, block_table, j0 + i)];
-                }
-            }
-            Rows::F16(d) => {
-                for (i, (o, b)) in out
-                    .iter_mut()
-                    .zip(buf.chunks_exact_mut(self.dim))
-                    .enumerate()
-                {
-                    d[self.range(layer, block_table, j0 + i)].convert_to_f32_slice(b);
-                    *o = b;
-                }
+    /// Copies the rows of `layer` at `j0, j0 + 1, ...` as f32 into consecutive `dim`-value
+    /// rows of `dst` (as many as it holds; f16 rows widened exactly).
+    pub fn gather(&self, layer: usize, block_table: &[u32], j0: usize, dst: &mut [f32]) {
+        for (i, out) in dst.chunks_exact_mut(self.dim).enumerate() {
+            let r = self.range(layer, block_table, j0 + i);
+            match &self.rows {
+                Rows::F32(d) => out.copy_from_slice(&d[r]),
+                Rows::F16(d) => d[r].convert_to_f32_slice(out),
             }
         }
     }
@@ -170,18 +152,21 @@ mod tests {
             f32c.write(1, &table, pos, &row);
             f16c.write(1, &table, pos, &row);
         }
-        let mut buf = vec![0f32; 12 * dim];
         let mut one = vec![0f32; dim];
         for (j0, n) in [(0, 12), (3, 5), (11, 1)] {
-            let mut a: Vec<&[f32]> = vec![&[]; n];
-            f32c.rows(1, &table, j0, &mut [], &mut a);
-            let mut b: Vec<&[f32]> = vec![&[]; n];
-            f16c.rows(1, &table, j0, &mut buf, &mut b);
-            for (i, (x, y)) in a.iter().zip(&b).enumerate() {
-                let rounded: Vec<f32> = x.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
-                assert_eq!(*y, &rounded[..], "row {}", j0 + i);
-                assert_eq!(f16c.row(1, &table, j0 + i, &mut one), &rounded[..]);
-                assert_eq!(f32c.row(1, &table, j0 + i, &mut []), *x);
+            let (mut a, mut b) = (vec![0f32; n * dim], vec![0f32; n * dim]);
+            f32c.gather(1, &table, j0, &mut a);
+            f16c.gather(1, &table, j0, &mut b);
+            for (i, (x, y)) in a.chunks_exact(dim).zip(b.chunks_exact(dim)).enumerate() {
+                let pos = j0 + i;
+                let want: Vec<f32> = (0..dim)
+                    .map(|k| (pos * dim + k) as f32 / 7.0 - 3.0)
+                    .collect();
+                let rounded: Vec<f32> = want.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+                assert_eq!(x, &want[..], "row {pos}");
+                assert_eq!(y, &rounded[..], "row {pos}");
+                assert_eq!(f16c.row(1, &table, pos, &mut one), &rounded[..]);
+                assert_eq!(f32c.row(1, &table, pos, &mut []), x);
             }
         }
     }

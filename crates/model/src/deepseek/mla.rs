@@ -15,10 +15,14 @@
 //! scoring a tile for all heads while its rows are in cache, with the online softmax
 //! (FlashAttention, <https://arxiv.org/abs/2205.14135>): a running max `m_h` and sum `l_h`
 //! per head, `o_h` rescaled by `e^(m_old − m_new)` when the max grows, divided by `l_h` at the
-//! end. Dots and axpys are the kernels' (`matmul::dot`, the tier's FMA dot; `ops::axpy`,
-//! which vectorises); the scratch is an [`MlaScratch`] of fixed size (no allocation, whatever
-//! the context length). An f16 cache's tile is widened to f32 once into the scratch and read
-//! from there by both passes ([`LatentKvCache::rows`]); an f32 cache is read in place.
+//! end. Each tile's rows are gathered from the paged cache into one f32 matrix (an f16
+//! cache's widened exactly; [`LatentKvCache::gather`]), and both passes over it are small
+//! products for all heads at once: the scores `S = Q_cat · tileᵀ` `[H, n]` through `gemm`'s
+//! dot-product kernel ([`gemm_strided`], 8 heads a call, which never allocates), and
+//! `O += P · C` `[H, r]` through the tier's register-blocked `acc_rows` (4 heads × 2 vectors
+//! of `o` held in registers over the tile's keys). Absorbing the query and the final `W_UV`
+//! product are the kernels' dots and axpys. The scratch is an [`MlaScratch`] of fixed size
+//! (no allocation, whatever the context length).
 //!
 //! `attend_ref` is the reference twin (tests only): the plain loops — one head at a time,
 //! two separate dots per score, an exact two-pass softmax over all scores. The two agree within
@@ -26,7 +30,9 @@
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use tokenmill_kernels::matmul::dot;
+use tokenmill_kernels::attention::AccRows;
+use tokenmill_kernels::dispatch::kernels;
+use tokenmill_kernels::matmul::{MatRef, dot, gemm_strided};
 use tokenmill_kernels::ops::{axpy, scale};
 
 use super::config::DeepSeekConfig;
@@ -35,11 +41,14 @@ use super::latent_kv::LatentKvCache;
 /// Key positions scored per tile, for all heads at once.
 pub(super) const KEY_TILE: usize = 32;
 
+/// Heads scored per product (`SCORE_HEADS × KEY_TILE` = 256 scores).
+const SCORE_HEADS: usize = 8;
+
 /// The per-token state of [`attend`], reused for every token and layer.
 #[derive(Debug, Default)]
 pub(crate) struct MlaScratch {
     heads: HeadState,
-    /// A tile of key rows widened from an f16 cache `[KEY_TILE, r + rope]` (unused for f32).
+    /// A tile of key rows gathered from the cache as f32 `[KEY_TILE, r + rope]`.
     tile: Vec<f32>,
 }
 
@@ -137,12 +146,12 @@ pub(super) fn attend(
     s.m.fill(f32::NEG_INFINITY);
     s.l.fill(0.0);
     s.o_lat.fill(0.0);
+    let d = cfg.latent_dim();
     for j0 in (0..keys.n_keys).step_by(KEY_TILE) {
         let n = KEY_TILE.min(keys.n_keys - j0);
-        let mut rows: [&[f32]; KEY_TILE] = [&[]; KEY_TILE];
-        keys.kv
-            .rows(keys.layer, keys.table, j0, tile, &mut rows[..n]);
-        attend_tile(cfg, &rows[..n], s);
+        let tile = &mut tile[..n * d];
+        keys.kv.gather(keys.layer, keys.table, j0, tile);
+        attend_tile(cfg, tile, s);
     }
     for (hd, (oh, o_lat)) in out
         .chunks_exact_mut(vd)
@@ -176,18 +185,33 @@ fn absorb_queries(cfg: &DeepSeekConfig, kv_b: &[f32], q: &[f32], q_cat: &mut [f3
     }
 }
 
-/// One online-softmax step of every head over the key `rows` of a tile (at most
-/// `KEY_TILE`).
-fn attend_tile(cfg: &DeepSeekConfig, rows: &[&[f32]], s: &mut HeadState) {
-    let (d, r, n) = (cfg.latent_dim(), cfg.kv_lora_rank, rows.len());
-    for (jj, row) in rows.iter().enumerate() {
-        for (qc, sh) in s
-            .q_cat
-            .chunks_exact(d)
-            .zip(s.scores.chunks_exact_mut(KEY_TILE))
-        {
-            sh[jj] = cfg.attn_scale * dot(qc, row);
-        }
+/// One online-softmax step of every head over a `tile` of key rows `[n, r + rope]`
+/// (`n ≤ KEY_TILE`): the scores of all heads as one product `Q_cat · tileᵀ`, then the
+/// latent outputs as `o += P · tile[.., ..r]`.
+fn attend_tile(cfg: &DeepSeekConfig, tile: &[f32], s: &mut HeadState) {
+    let (nh, d, r) = (cfg.n_heads, cfg.latent_dim(), cfg.kv_lora_rank);
+    let n = tile.len() / d;
+    let mat = |data, rows, cols, rs, cs| MatRef {
+        data,
+        rows,
+        cols,
+        rs,
+        cs,
+    };
+    // scores[h][j] = q_cat[h] · tile[j], for groups of SCORE_HEADS heads (`gemm`'s
+    // allocation-free dot-product kernel takes up to 256 outputs).
+    for h0 in (0..nh).step_by(SCORE_HEADS) {
+        let g = SCORE_HEADS.min(nh - h0);
+        let q_cat = mat(&s.q_cat[h0 * d..], g, d, d, 1);
+        let keys_t = mat(tile, d, n, 1, d);
+        gemm_strided(
+            &mut s.scores[h0 * KEY_TILE..],
+            KEY_TILE,
+            1,
+            q_cat,
+            keys_t,
+            false,
+        );
     }
     for (hd, (sh, o_lat)) in s
         .scores
@@ -196,6 +220,7 @@ fn attend_tile(cfg: &DeepSeekConfig, rows: &[&[f32]], s: &mut HeadState) {
         .enumerate()
     {
         let sh = &mut sh[..n];
+        sh.iter_mut().for_each(|v| *v *= cfg.attn_scale);
         let m_new = sh.iter().copied().fold(s.m[hd], f32::max);
         let corr = (s.m[hd] - m_new).exp();
         let mut sum = 0.0;
@@ -209,16 +234,15 @@ fn attend_tile(cfg: &DeepSeekConfig, rows: &[&[f32]], s: &mut HeadState) {
         s.l[hd] = s.l[hd] * corr + sum;
         s.m[hd] = m_new;
     }
-    for (jj, row) in rows.iter().enumerate() {
-        let c = &row[..r];
-        for (sh, o_lat) in s
-            .scores
-            .chunks_exact(KEY_TILE)
-            .zip(s.o_lat.chunks_exact_mut(r))
-        {
-            axpy(o_lat, sh[jj], c);
-        }
-    }
+    // o_lat[h] += Σ_j p[h][j] · c_j (the tier's register-blocked kernel)
+    let shape = AccRows {
+        rows: nh,
+        cols: r,
+        n,
+        p_stride: KEY_TILE,
+        x_stride: d,
+    };
+    kernels().acc_rows(&shape, &mut s.o_lat, &s.scores, tile);
 }
 
 /// Reference twin of [`attend`]: per head, `q_lat = W_UK_hᵀ · q_nope_h`, every score as

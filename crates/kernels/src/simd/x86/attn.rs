@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use crate::simd::attn::{AttnTile, EXP2_FLUSH, KEY_TILE};
+use crate::simd::attn::{AccRows, AttnTile, EXP2_FLUSH, KEY_TILE};
 
 /// An f32 SIMD vector, as much of it as the attention kernels need.
 pub trait F32s: Copy {
@@ -521,5 +521,93 @@ unsafe fn silu_mul_vec<S: F32s>(g: *const f32, u: *const f32, o: *mut f32) {
         let e = S::mul(gv, S::splat(-std::f32::consts::LOG2_E)).exp2();
         let silu = S::div(gv, S::add(S::splat(1.0), e));
         S::mul(silu, S::load(u)).store(o);
+    }
+}
+
+/// [`crate::simd::attn::AccRowsFn`] on `S`: blocks of 4 output rows × 2 vectors of columns
+/// stay in registers across the `n` keys, so each loaded vector of `x` feeds 4 FMAs (and `o`
+/// is loaded and stored once per block, not once per key). Rows past the last block of 4 go
+/// one at a time; columns past the last pair of vectors one vector, then one value, at a time.
+///
+/// # Safety
+///
+/// As [`crate::simd::attn::AccRowsFn`].
+#[inline(always)]
+pub unsafe fn acc_rows<S: F32s>(s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]) {
+    let (o, p, x) = (o.as_mut_ptr(), p.as_ptr(), x.as_ptr());
+    let mut h = 0;
+    // SAFETY: every offset stays within the bounds the caller guarantees.
+    unsafe {
+        while h + 4 <= s.rows {
+            acc_row_block::<S, 4>(s, o, p, x, h);
+            h += 4;
+        }
+        while h < s.rows {
+            acc_row_block::<S, 1>(s, o, p, x, h);
+            h += 1;
+        }
+    }
+}
+
+/// Rows `h..h + H` of [`acc_rows`], every column.
+#[inline(always)]
+unsafe fn acc_row_block<S: F32s, const H: usize>(
+    s: &AccRows,
+    o: *mut f32,
+    p: *const f32,
+    x: *const f32,
+    h: usize,
+) {
+    let mut c = 0;
+    unsafe {
+        while c + 2 * S::N <= s.cols {
+            acc_block::<S, H, 2>(s, o, p, x, h, c);
+            c += 2 * S::N;
+        }
+        while c + S::N <= s.cols {
+            acc_block::<S, H, 1>(s, o, p, x, h, c);
+            c += S::N;
+        }
+        for hh in h..h + H {
+            for cc in c..s.cols {
+                let mut v = *o.add(hh * s.cols + cc);
+                for j in 0..s.n {
+                    v += *p.add(hh * s.p_stride + j) * *x.add(j * s.x_stride + cc);
+                }
+                *o.add(hh * s.cols + cc) = v;
+            }
+        }
+    }
+}
+
+/// Rows `h..h + H` × columns `c..c + V · S::N` of [`acc_rows`], in registers over the keys.
+#[inline(always)]
+unsafe fn acc_block<S: F32s, const H: usize, const V: usize>(
+    s: &AccRows,
+    o: *mut f32,
+    p: *const f32,
+    x: *const f32,
+    h: usize,
+    c: usize,
+) {
+    unsafe {
+        let at = |i: usize, v: usize| o.add((h + i) * s.cols + c + v * S::N);
+        let mut acc: [[S; V]; H] =
+            std::array::from_fn(|i| std::array::from_fn(|v| S::load(at(i, v))));
+        for j in 0..s.n {
+            let xr = x.add(j * s.x_stride + c);
+            let xv: [S; V] = std::array::from_fn(|v| S::load(xr.add(v * S::N)));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let pv = S::splat(*p.add((h + i) * s.p_stride + j));
+                for (av, &xvv) in a.iter_mut().zip(&xv) {
+                    *av = S::fma(pv, xvv, *av);
+                }
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            for (v, av) in a.iter().enumerate() {
+                av.store(at(i, v));
+            }
+        }
     }
 }

@@ -12,7 +12,7 @@ use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
 use super::{a16, amx, attn, kquants, q32, quantize, rows16};
 use crate::quant::GgmlType;
-use crate::simd::attn::AttnTile;
+use crate::simd::attn::{AccRows, AttnTile};
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
 /// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
@@ -174,6 +174,14 @@ macro_rules! tier {
                 unsafe { attn::silu_mul::<$f32s>(gate, up, out) }
             }
 
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::AccRowsFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn acc_rows(s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]) {
+                unsafe { attn::acc_rows::<$f32s>(s, o, p, x) }
+            }
+
             /// This tier's table: its SIMD kernels, the scalar tier for the rest.
             pub fn fns() -> TierFns {
                 let mut t = scalar::fns();
@@ -211,6 +219,7 @@ macro_rules! tier {
                 t.attn_merge = attn_merge;
                 t.attn_lanes = <$f32s as F32s>::N;
                 t.silu_mul = silu_mul;
+                t.acc_rows = acc_rows;
                 t
             }
         }
