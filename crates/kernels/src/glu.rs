@@ -14,8 +14,8 @@
 
 use std::cell::RefCell;
 
-use crate::dispatch::{Kernels, kernels};
-use crate::matmul::{QMatrix, matmul_with, with_quantized};
+use crate::dispatch::{DotKernel, Kernels, kernels};
+use crate::matmul::{ActRows, QMatrix, matmul_with, with_quantized};
 use crate::pool::{SyncPtr, ThreadPool, global};
 use crate::simd::MAX_ROWS_16;
 
@@ -72,53 +72,119 @@ pub fn matmul_silu_mul_with(
         gate.data.len() >= gate.stored_rows() * gate.row_bytes()
             && up.data.len() >= up.stored_rows() * up.row_bytes()
     );
-    let (gb, ub) = (gate.row_bytes(), up.row_bytes());
-    let threads = pool.num_threads();
-    let align = gate.row_align();
-    let chunk = if threads <= 1 {
-        n
-    } else {
-        n.div_ceil(threads * CHUNKS_PER_THREAD).max(16)
-    };
-    let chunk = chunk.next_multiple_of(align);
-    let tile = (TILE_BYTES / (gb + ub).max(1)).next_multiple_of(align);
-    let tile = tile.clamp(1, TILE_ROWS);
-    let max_rows = kg.max_rows.min(ku.max_rows);
-    let nb = k / kg.block_size;
+    let fused = Fused::new(*gate, *up, kg, ku, pool.num_threads());
     let out_ptr = SyncPtr(out.as_mut_ptr());
     with_quantized(pool, &kg, x, k, |act, a_row| {
-        pool.parallel_for(n.div_ceil(chunk), |task| {
-            let r0 = task * chunk;
-            let r1 = n.min(r0 + chunk);
-            let mut g = [[0f32; TILE_ROWS]; MAX_ROWS_16];
-            let mut u = [[0f32; TILE_ROWS]; MAX_ROWS_16];
-            let mut tile0 = r0;
-            while tile0 < r1 {
-                let tile1 = r1.min(tile0 + tile);
-                let nt = tile1 - tile0;
-                let (wg, wu) = (gate.rows_bytes(tile0, tile1), up.rows_bytes(tile0, tile1));
-                for t0 in (0..n_tokens).step_by(max_rows) {
-                    let na = max_rows.min(n_tokens - t0);
-                    let a = &act[t0 * a_row..];
-                    kg.dot_tile_into(nb, wg, nt, a, a_row, na, g.as_flattened_mut(), TILE_ROWS);
-                    ku.dot_tile_into(nb, wu, nt, a, a_row, na, u.as_flattened_mut(), TILE_ROWS);
-                    for j in 0..na {
-                        // SAFETY: out[(t0 + j) * n + tile0 ..][..nt] lies inside `out`
-                        // ([n_tokens, n]) in columns r0..r1, which belong to this task alone;
-                        // `out` stays mutably borrowed for the whole call.
-                        let o = unsafe {
-                            std::slice::from_raw_parts_mut(
-                                out_ptr.get().add((t0 + j) * n + tile0),
-                                nt,
-                            )
-                        };
-                        kernels.silu_mul(&g[j][..nt], &u[j][..nt], o);
-                    }
-                }
-                tile0 = tile1;
-            }
+        pool.parallel_for(n.div_ceil(fused.chunk), |task| {
+            let r0 = task * fused.chunk;
+            let r1 = n.min(r0 + fused.chunk);
+            let act = ActRows {
+                data: act,
+                stride: a_row,
+                n: n_tokens,
+            };
+            // SAFETY: columns r0..r1 of `out` ([n_tokens, n]) belong to this task alone;
+            // `out` stays mutably borrowed for the whole call.
+            unsafe { fused.rows(kernels, r0, r1, act, out_ptr.get(), n) };
         });
     });
+}
+
+/// The fused pass over quantized gate and up weights of one activation format: how its rows
+/// are chunked and tiled, and [`Fused::rows`], one task's work.
+#[derive(Clone, Copy)]
+pub(crate) struct Fused<'a> {
+    gate: QMatrix<'a>,
+    up: QMatrix<'a>,
+    kg: DotKernel,
+    ku: DotKernel,
+    /// Weight rows per pool task.
+    pub(crate) chunk: usize,
+    /// Weight rows per tile.
+    tile: usize,
+}
+
+impl<'a> Fused<'a> {
+    /// Gate and up (same shape, same activation format and row alignment) with their
+    /// kernels, chunked for `threads`.
+    pub(crate) fn new(
+        gate: QMatrix<'a>,
+        up: QMatrix<'a>,
+        kg: DotKernel,
+        ku: DotKernel,
+        threads: usize,
+    ) -> Fused<'a> {
+        let n = gate.rows;
+        let align = gate.row_align();
+        let chunk = if threads <= 1 {
+            n
+        } else {
+            n.div_ceil(threads * CHUNKS_PER_THREAD).max(16)
+        };
+        let chunk = chunk.next_multiple_of(align).max(align);
+        let tile = (TILE_BYTES / (gate.row_bytes() + up.row_bytes()).max(1))
+            .next_multiple_of(align)
+            .clamp(1, TILE_ROWS);
+        Fused {
+            gate,
+            up,
+            kg,
+            ku,
+            chunk,
+            tile,
+        }
+    }
+
+    /// The gate's kernel (its activation format is the pass's).
+    pub(crate) fn gate_kernel(&self) -> &DotKernel {
+        &self.kg
+    }
+
+    /// Rows `r0..r1` of the gate and up weights against the activation rows `act`
+    /// (quantized for the gate's kernel): `out[i * out_stride + r] = silu(g) · u` for
+    /// activation row `i`.
+    ///
+    /// # Safety
+    ///
+    /// `out` is valid for writes of those indices, which nobody else accesses during the call.
+    pub(crate) unsafe fn rows(
+        &self,
+        kernels: &Kernels,
+        r0: usize,
+        r1: usize,
+        act: ActRows<'_>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let Fused {
+            gate, up, kg, ku, ..
+        } = self;
+        let nb = gate.cols / kg.block_size;
+        let (a_row, n_tokens) = (act.stride, act.n);
+        let max_rows = kg.max_rows.min(ku.max_rows);
+        let mut g = [[0f32; TILE_ROWS]; MAX_ROWS_16];
+        let mut u = [[0f32; TILE_ROWS]; MAX_ROWS_16];
+        let mut tile0 = r0;
+        while tile0 < r1 {
+            let tile1 = r1.min(tile0 + self.tile);
+            let nt = tile1 - tile0;
+            let (wg, wu) = (gate.rows_bytes(tile0, tile1), up.rows_bytes(tile0, tile1));
+            for t0 in (0..n_tokens).step_by(max_rows) {
+                let na = max_rows.min(n_tokens - t0);
+                let a = &act.data[t0 * a_row..];
+                kg.dot_tile_into(nb, wg, nt, a, a_row, na, g.as_flattened_mut(), TILE_ROWS);
+                ku.dot_tile_into(nb, wu, nt, a, a_row, na, u.as_flattened_mut(), TILE_ROWS);
+                for j in 0..na {
+                    // SAFETY: out[(t0 + j) * out_stride + tile0 ..][..nt]: the caller's indices.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(out.add((t0 + j) * out_stride + tile0), nt)
+                    };
+                    kernels.silu_mul(&g[j][..nt], &u[j][..nt], o);
+                }
+            }
+            tile0 = tile1;
+        }
+    }
 }
 
 /// On the AMX tier's tiles: gate and up as one fused matmul into `[n_tokens, 2 · n]` (the

@@ -17,6 +17,7 @@
 pub mod attention;
 pub mod dispatch;
 pub mod glu;
+pub mod grouped;
 pub mod int4;
 pub mod kv_elem;
 pub mod matmul;

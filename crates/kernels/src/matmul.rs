@@ -175,12 +175,9 @@ pub fn matmul_multi_with(
     let mut parts = [None; MAX_PARTS];
     let mut col = 0;
     for (p, w) in parts.iter_mut().zip(ws) {
-        *p = kernels.matmul_kernel_for(w).map(|kern| Part {
-            w: *w,
-            kern,
-            col,
-            plan: Plan::new(w.rows, w.row_bytes(), pool.num_threads(), w.row_align()),
-        });
+        *p = kernels
+            .matmul_kernel_for(w)
+            .map(|kern| Part::new(*w, kern, col, pool.num_threads()));
         col += w.rows;
     }
     let fused = parts[..ws.len()]
@@ -278,35 +275,81 @@ unsafe fn matmul_quantized(
     with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
         let n_tasks: usize = parts.iter().map(|p| p.plan.n_tasks).sum();
         pool.parallel_for(n_tasks, |task| {
-            let (Part { w, kern, col, plan }, r0, r1) = task_rows(parts, task);
-            let nb = k / kern.block_size;
-            let mut tile0 = r0;
-            while tile0 < r1 {
-                let tile1 = r1.min(tile0 + plan.tile);
-                // tile: weight rows tile0..tile1 (and a Rows16 group's padding rows).
-                let tile = w.rows_bytes(tile0, tile1);
-                for t0 in (0..n_tokens).step_by(kern.max_rows) {
-                    let na = kern.max_rows.min(n_tokens - t0);
-                    // SAFETY: the tile writes out[(t0 + j) * out_stride + col + r] for j < na
-                    // and tile0 <= r < tile1: inside `out` (the caller's contract), in
-                    // columns of rows r0..r1 of this part that belong to this task alone.
-                    unsafe {
-                        kern.dot_tile(
-                            nb,
-                            tile,
-                            tile1 - tile0,
-                            &act[t0 * a_row..],
-                            a_row,
-                            na,
-                            out.get().add(t0 * out_stride + col + tile0),
-                            out_stride,
-                        );
-                    }
-                }
-                tile0 = tile1;
-            }
+            let (part, r0, r1) = task_rows(parts, task);
+            // SAFETY: rows r0..r1 of this part belong to this task alone; `out` is the
+            // caller's [n_tokens, out_stride].
+            let act = ActRows {
+                data: act,
+                stride: a_row,
+                n: n_tokens,
+            };
+            unsafe { part.dot_rows(r0, r1, act, out.get(), out_stride) };
         });
     });
+}
+
+impl<'a> Part<'a> {
+    /// Part `w` with `kern`, written from output column `col`, its rows chunked for `threads`.
+    pub(crate) fn new(w: QMatrix<'a>, kern: DotKernel, col: usize, threads: usize) -> Part<'a> {
+        let plan = Plan::new(w.rows, w.row_bytes(), threads, w.row_align());
+        Part { w, kern, col, plan }
+    }
+
+    /// Weight rows per pool task.
+    pub(crate) fn chunk(&self) -> usize {
+        self.plan.chunk
+    }
+
+    /// Rows `r0..r1` of the weight against the quantized activation rows `act`, into
+    /// `out[i * out_stride + self.col + r]` for activation row `i` (module docs, step 3).
+    ///
+    /// # Safety
+    ///
+    /// `out` is valid for writes at those indices, and nobody else accesses them during the
+    /// call; `act` holds rows quantized for `self.kern`.
+    pub(crate) unsafe fn dot_rows(
+        &self,
+        r0: usize,
+        r1: usize,
+        act: ActRows<'_>,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let Part { w, kern, col, plan } = self;
+        let nb = w.cols / kern.block_size;
+        let mut tile0 = r0;
+        while tile0 < r1 {
+            let tile1 = r1.min(tile0 + plan.tile);
+            // tile: weight rows tile0..tile1 (and a Rows16 group's padding rows).
+            let tile = w.rows_bytes(tile0, tile1);
+            for t0 in (0..act.n).step_by(kern.max_rows) {
+                let na = kern.max_rows.min(act.n - t0);
+                // SAFETY: the tile writes out[(t0 + j) * out_stride + col + r] for j < na and
+                // tile0 <= r < tile1: the caller's rows and columns.
+                unsafe {
+                    kern.dot_tile(
+                        nb,
+                        tile,
+                        tile1 - tile0,
+                        &act.data[t0 * act.stride..],
+                        act.stride,
+                        na,
+                        out.add(t0 * out_stride + col + tile0),
+                        out_stride,
+                    );
+                }
+            }
+            tile0 = tile1;
+        }
+    }
+}
+
+/// Quantized activation rows a task reads: row `i < n` starts at `data[i * stride..]`.
+#[derive(Clone, Copy)]
+pub(crate) struct ActRows<'a> {
+    pub(crate) data: &'a [u8],
+    pub(crate) stride: usize,
+    pub(crate) n: usize,
 }
 
 /// The part that task `task` of a pool job over `parts` (the parts' plans' tasks, in order)

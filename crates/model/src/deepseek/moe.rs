@@ -10,11 +10,15 @@
 //!
 //! Experts run grouped ([`moe`]): every (token, expert) pick is bucketed by expert with a
 //! counting sort into flat slots (experts ascending, tokens ascending within an expert), the
-//! slots' input rows are gathered into one matrix, each expert's contiguous slice runs through
-//! its SwiGLU MLP with one matmul per weight, and the outputs are scattered back scaled by the
+//! slots' input rows are gathered into one matrix, and every expert's contiguous slice runs
+//! through its SwiGLU MLP in two grouped matmuls for the whole layer (the kernels' `grouped`:
+//! gate/up + SiLU of every expert in one pool job, then every down projection in another, the
+//! pool's tasks spread over all the experts' weight rows, so no thread waits at a join per
+//! expert; each row bit-identical to its expert's own matmul), and the outputs are scattered back scaled by the
 //! routing weight — for each token in ascending expert order, then the shared experts. All of
 //! it lives in a [`MoeScratch`] that only grows: no allocation once it has seen the batch.
 
+use tokenmill_kernels::grouped::{matmul_grouped, matmul_silu_mul_grouped};
 use tokenmill_kernels::matmul::{QMatrix, matmul};
 use tokenmill_kernels::ops::{add_in_place, axpy, softmax};
 
@@ -54,8 +58,11 @@ pub(crate) struct MoeScratch {
     /// Slot input rows `[T·k, hidden]` and expert outputs `[T·k, hidden]`.
     xe: Vec<f32>,
     ye: Vec<f32>,
-    /// An expert's (or the shared experts') `silu(gate) ⊙ up` `[rows, width]`.
+    /// The experts' `silu(gate) ⊙ up` of every slot `[T·k, moe_hidden]`, or the shared
+    /// experts' `[T, moe_hidden · n_shared]`.
     ffn: Vec<f32>,
+    /// The experts that got tokens this call, ascending.
+    active: Vec<usize>,
     /// The shared experts' output `[T, hidden]`.
     shared: Vec<f32>,
     route: RouteScratch,
@@ -68,12 +75,13 @@ impl MoeScratch {
         if e == 0 {
             return MoeScratch::default();
         }
-        let width = cfg.moe_hidden * cfg.n_shared_experts.max(1);
+        let width = cfg.moe_hidden * cfg.n_shared_experts.max(k);
         let buf = |n: usize| Vec::with_capacity(n);
         MoeScratch {
             logits: buf(t * e),
             picks: Vec::with_capacity(t * k),
             ends: Vec::with_capacity(e),
+            active: Vec::with_capacity(e),
             slots: Vec::with_capacity(t * k),
             xe: buf(t * k * h),
             ye: buf(t * k * h),
@@ -224,14 +232,21 @@ pub(super) fn moe(
     stop(prof, OpKind::MoeRouter, t);
     let t = start(prof);
     let ye = resize(&mut s.ye, s.slots.len() * h);
-    let mut first = 0;
-    for (expert, &end) in m.experts.iter().zip(&s.ends) {
-        if end > first {
-            let (x, y) = (&xe[first * h..end * h], &mut ye[first * h..end * h]);
-            mlp(store, expert, x, &mut s.ffn, y);
-        }
-        first = end;
-    }
+    // Only the experts that got tokens: the grouped matmuls' tasks are per group.
+    s.active.clear();
+    s.active
+        .extend((0..e).filter(|&x| !expert_slots(&s.ends, x).is_empty()));
+    let (active, ends, store) = (&s.active, &s.ends, store);
+    let ffn = resize(&mut s.ffn, s.slots.len() * cfg.moe_hidden); // [T·k, moe_hidden]
+    matmul_silu_mul_grouped(xe, ffn, active.len(), |i| {
+        let expert = &m.experts[active[i]];
+        let rows = expert_slots(ends, active[i]);
+        (rows, expert.gate.view(store), expert.up.view(store))
+    });
+    matmul_grouped(ffn, ye, active.len(), |i| {
+        let rows = expert_slots(ends, active[i]);
+        (rows, m.experts[active[i]].down.view(store))
+    });
     out.fill(0.0);
     for (&(t, w), y) in s.slots.iter().zip(ye.chunks_exact(h)) {
         axpy(&mut out[t * h..(t + 1) * h], w, y);
@@ -244,6 +259,11 @@ pub(super) fn moe(
         add_in_place(out, ys);
         stop(prof, OpKind::MoeShared, t);
     }
+}
+
+/// Expert `x`'s slots once grouped ([`group_by_expert`]'s `ends`).
+fn expert_slots(ends: &[usize], x: usize) -> std::ops::Range<usize> {
+    (if x == 0 { 0 } else { ends[x - 1] })..ends[x]
 }
 
 /// Counting sort of `picks` (`k` per token, token order) by expert: `slots` holds each pick's
@@ -325,7 +345,7 @@ mod tests {
     fn tokens_per_expert(ws: &crate::Workspace) -> Vec<usize> {
         let ends = &ws.deepseek.moe.ends;
         (0..ends.len())
-            .map(|x| ends[x] - if x == 0 { 0 } else { ends[x - 1] })
+            .map(|x| expert_slots(ends, x).len())
             .collect()
     }
 
