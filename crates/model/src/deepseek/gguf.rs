@@ -41,7 +41,7 @@ use serde_json::json;
 use tokenmill_gguf::{GgufFile, Metadata};
 
 use super::config::{DeepSeekConfig, Routing, check_experts, rope};
-use super::weights::{Ffn, Layer, Mlp, Moe, QProj, Weights};
+use super::weights::{Ffn, HeadMatrices, Layer, Mlp, Moe, QProj, Weights};
 use crate::ModelError;
 use crate::store::WeightStore;
 
@@ -335,26 +335,21 @@ fn moe(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Moe, ModelError>
     })
 }
 
-/// `kv_b_proj` as one f32 `[H·(nope + v), r]` (per head: `nope` rows of W_UK, `v` of W_UV),
-/// from the split `attn_k_b` (W_UKᵀ per head) + `attn_v_b`, or the legacy whole `attn_kv_b`.
-fn kv_b(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Vec<f32>, ModelError> {
+/// MLA's per-head `W_UKᵀ` and `W_UV`: views of the split `attn_k_b` `[H, r, nope]` and
+/// `attn_v_b` `[H, v, r]` in their stored type, or made from the legacy whole `attn_kv_b`.
+fn kv_b(
+    s: &WeightStore,
+    c: &DeepSeekConfig,
+    l: usize,
+) -> Result<(HeadMatrices, HeadMatrices), ModelError> {
     let (nh, nope, v, r) = (c.n_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
     if s.find(&name(l, "attn_k_b"))?.is_none() {
-        return s.dense(&name(l, "attn_kv_b"), &[nh * (nope + v), r]);
+        let kv_b = s.dense(&name(l, "attn_kv_b"), &[nh * (nope + v), r])?;
+        return Ok(HeadMatrices::from_kv_b(c, &kv_b));
     }
-    let k_b = s.dense(&name(l, "attn_k_b"), &[nh, r, nope])?;
-    let v_b = s.dense(&name(l, "attn_v_b"), &[nh, v, r])?;
-    let mut out = vec![0f32; nh * (nope + v) * r];
-    for (hd, head) in out.chunks_exact_mut((nope + v) * r).enumerate() {
-        let kt = &k_b[hd * r * nope..(hd + 1) * r * nope]; // [r, nope]
-        for (d, row) in head[..nope * r].chunks_exact_mut(r).enumerate() {
-            row.iter_mut()
-                .enumerate()
-                .for_each(|(j, w)| *w = kt[j * nope + d]);
-        }
-        head[nope * r..].copy_from_slice(&v_b[hd * v * r..(hd + 1) * v * r]);
-    }
-    Ok(out)
+    let k_b = s.linear_stack(&name(l, "attn_k_b"), nh, r, nope)?;
+    let v_b = s.linear_stack(&name(l, "attn_v_b"), nh, v, r)?;
+    Ok((HeadMatrices::Stored(k_b), HeadMatrices::Stored(v_b)))
 }
 
 fn layer(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Layer, ModelError> {
@@ -372,12 +367,14 @@ fn layer(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Layer, ModelEr
         true => Ffn::Moe(moe(s, c, l)?),
         false => Ffn::Dense(mlp(s, l, "", h, c.ffn_hidden)?),
     };
+    let (k_b, v_b) = kv_b(s, c, l)?;
     Ok(Layer {
         attn_norm: s.dense(&name(l, "attn_norm"), &[h])?,
         q,
         kv_a: s.linear(&name(l, "attn_kv_a_mqa"), c.latent_dim(), h)?,
         kv_a_norm: s.dense(&name(l, "attn_kv_a_norm"), &[c.kv_lora_rank])?,
-        kv_b: kv_b(s, c, l)?,
+        k_b,
+        v_b,
         o: s.linear(&name(l, "attn_output"), h, c.n_heads * c.v_head_dim)?,
         ffn_norm: s.dense(&name(l, "ffn_norm"), &[h])?,
         ffn,

@@ -5,11 +5,18 @@
 //! cached row `[c_j (r), k_pe_j (rope)]` and the token's query `[q_nope_h, q_pe_h]` (`q_pe_h`
 //! already rotated):
 //! ```text
-//! q_cat_h = [W_UK_hᵀ · q_nope_h, q_pe_h]          [r + rope]   (axpy over nope rows)
+//! q_cat_h = [W_UK_hᵀ · q_nope_h, q_pe_h]          [r + rope]
 //! s_hj    = scale · q_cat_h · row_j                 j < n_keys
 //! o_h     = Σ_j softmax_j(s_h)_j · c_j              [r]
-//! out_h   = W_UV_h · o_h                            [v]          (one dot per row)
+//! out_h   = W_UV_h · o_h                            [v]
 //! ```
+//! [`attend_batch`] runs the batch a block of [`TOKEN_BLOCK`] tokens at a time: both
+//! absorbed projections as one batched matmul over heads each (the kernels'
+//! `matmul_per_head`, `[B, H, nope] → [B, H, r]` and `[B, H, r] → [B, H, v]`, every head its
+//! own small weight in its stored type — a GGUF's quantized `attn_k_b` / `attn_v_b` — so a
+//! block reads each head's weights once instead of once a token), and between them the
+//! tokens' attention over the cache in parallel on the pool ([`attend`], a scratch per pool
+//! thread).
 //! Every head reads the same latent rows (MQA with one key/value "head" of `r + rope`
 //! dims), so [`attend`] sweeps the keys once per token in tiles of [`KEY_TILE`] positions,
 //! scoring a tile for all heads while its rows are in cache, with the online softmax
@@ -25,24 +32,106 @@
 //! (no allocation, whatever the context length).
 //!
 //! `attend_ref` is the reference twin (tests only): the plain loops — one head at a time,
-//! two separate dots per score, an exact two-pass softmax over all scores. The two agree within
-//! f32 rounding (a relative 1e-5 of the output, `tests::attend_matches_reference`).
+//! two separate dots per score, an exact two-pass softmax over all scores, `kv_b` as one f32
+//! matrix. The two agree within f32 rounding (a relative 1e-5 of the output,
+//! `tests::attend_batch_matches_reference`).
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 use tokenmill_kernels::attention::AccRows;
 use tokenmill_kernels::dispatch::kernels;
-use tokenmill_kernels::matmul::{MatRef, dot, gemm_strided};
-use tokenmill_kernels::ops::{axpy, scale};
+use tokenmill_kernels::grouped::matmul_per_head;
+use tokenmill_kernels::matmul::{MatRef, QMatrix, gemm_strided};
+use tokenmill_kernels::ops::scale;
+use tokenmill_kernels::pool::parallel_chunks_mut;
 
 use super::config::DeepSeekConfig;
 use super::latent_kv::LatentKvCache;
+use crate::compute_pool;
+use crate::workspace::resize;
+
+/// Tokens per block of [`attend_batch`] (bounds its buffers whatever the batch).
+pub(super) const TOKEN_BLOCK: usize = 64;
 
 /// Key positions scored per tile, for all heads at once.
 pub(super) const KEY_TILE: usize = 32;
 
 /// Heads scored per product (`SCORE_HEADS × KEY_TILE` = 256 scores).
 const SCORE_HEADS: usize = 8;
+
+/// The buffers of [`attend_batch`], for a block of `B ≤ TOKEN_BLOCK` tokens (grow-only).
+#[derive(Debug, Default)]
+pub(crate) struct MlaBuffers {
+    /// The queries' nope parts `[B, H, nope]`.
+    q_nope: Vec<f32>,
+    /// Absorbed queries `[B, H, r]`.
+    q_lat: Vec<f32>,
+    /// Normalised latent outputs `[B, H, r]`.
+    o_lat: Vec<f32>,
+    /// One token's attention state per pool thread (tokens attend in parallel, each task
+    /// locking a free one).
+    scratch: Vec<Mutex<MlaScratch>>,
+}
+
+impl MlaBuffers {
+    /// Capacity for blocks of `cfg` on a pool of `threads`.
+    pub(super) fn new(cfg: &DeepSeekConfig, threads: usize) -> MlaBuffers {
+        let (b, nh, r) = (TOKEN_BLOCK, cfg.n_heads, cfg.kv_lora_rank);
+        MlaBuffers {
+            q_nope: Vec::with_capacity(b * nh * cfg.qk_nope_head_dim),
+            q_lat: Vec::with_capacity(b * nh * r),
+            o_lat: Vec::with_capacity(b * nh * r),
+            scratch: (0..threads)
+                .map(|_| Mutex::new(MlaScratch::new(cfg)))
+                .collect(),
+        }
+    }
+}
+
+/// `out` `[T, H·v]` = MLA of the batch's tokens, with queries `q` `[T, H·(nope + rope)]`
+/// (rope parts rotated), token `t`'s keys `keys(t)`, and the layer's per-head matrices
+/// `heads(h) = (W_UK_hᵀ, W_UV_h)` (module docs).
+pub(super) fn attend_batch<'k, 'w>(
+    cfg: &DeepSeekConfig,
+    heads: impl Fn(usize) -> (QMatrix<'w>, QMatrix<'w>) + Sync,
+    q: &[f32],
+    keys: impl Fn(usize) -> Keys<'k> + Sync,
+    b: &mut MlaBuffers,
+    out: &mut [f32],
+) {
+    let (nh, nope, r, vd) = (
+        cfg.n_heads,
+        cfg.qk_nope_head_dim,
+        cfg.kv_lora_rank,
+        cfg.v_head_dim,
+    );
+    let qk = nope + cfg.qk_rope_head_dim;
+    let pool = compute_pool();
+    if b.scratch.len() < pool.num_threads() {
+        b.scratch.resize_with(pool.num_threads(), Default::default);
+    }
+    let n_tok = q.len() / (nh * qk);
+    for t0 in (0..n_tok).step_by(TOKEN_BLOCK) {
+        let n = TOKEN_BLOCK.min(n_tok - t0);
+        let q = &q[t0 * nh * qk..(t0 + n) * nh * qk];
+        let q_nope = resize(&mut b.q_nope, n * nh * nope); // [B, H, nope]
+        for (dst, src) in q_nope.chunks_exact_mut(nope).zip(q.chunks_exact(qk)) {
+            dst.copy_from_slice(&src[..nope]);
+        }
+        let q_lat = resize(&mut b.q_lat, n * nh * r); // [B, H, r]
+        matmul_per_head(q_nope, q_lat, nh, |h| heads(h).0);
+        let o_lat = resize(&mut b.o_lat, n * nh * r); // [B, H, r]
+        let (q_lat, scratch) = (&*q_lat, &b.scratch);
+        // One task per token: a token's result depends only on its own row and keys.
+        parallel_chunks_mut(pool, o_lat, nh * r, |t, ot| {
+            let mut s = free_scratch(scratch);
+            let (ql, qt) = (&q_lat[t * nh * r..][..nh * r], &q[t * nh * qk..][..nh * qk]);
+            attend(cfg, ql, qt, keys(t0 + t), &mut s, ot);
+        });
+        let out = &mut out[t0 * nh * vd..(t0 + n) * nh * vd];
+        matmul_per_head(o_lat, out, nh, |h| heads(h).1);
+    }
+}
 
 /// The per-token state of [`attend`], reused for every token and layer.
 #[derive(Debug, Default)]
@@ -121,67 +210,53 @@ impl<'a> Keys<'a> {
     }
 }
 
-/// `out` `[H, v]` = MLA of one token with query `q` `[H, nope + rope]` (rope part rotated)
-/// over `keys`, with `kv_b` `[H·(nope + v), r]` (module docs).
-pub(super) fn attend(
+/// `o_lat` `[H, r]` = the normalised latent outputs of one token's MLA over `keys`, with
+/// absorbed queries `q_lat` `[H, r]` and its queries `q` `[H, nope + rope]` (only the rotated
+/// rope parts are read here).
+fn attend(
     cfg: &DeepSeekConfig,
-    kv_b: &[f32],
+    q_lat: &[f32],
     q: &[f32],
     keys: Keys<'_>,
     s: &mut MlaScratch,
-    out: &mut [f32],
+    o_lat: &mut [f32],
 ) {
-    let (nh, nope, vd, r) = (
-        cfg.n_heads,
+    let (nh, r) = (cfg.n_heads, cfg.kv_lora_rank);
+    let (nope, qk) = (
         cfg.qk_nope_head_dim,
-        cfg.v_head_dim,
-        cfg.kv_lora_rank,
+        cfg.qk_nope_head_dim + cfg.qk_rope_head_dim,
     );
     debug_assert!(keys.n_keys > 0, "a token attends at least to itself");
     if s.heads.q_cat.len() != nh * cfg.latent_dim() || s.heads.o_lat.len() != nh * r {
         *s = MlaScratch::new(cfg);
     }
     let MlaScratch { heads: s, tile } = s;
-    absorb_queries(cfg, kv_b, q, &mut s.q_cat);
+    let d = cfg.latent_dim();
+    for ((qc, ql), qh) in s
+        .q_cat
+        .chunks_exact_mut(d)
+        .zip(q_lat.chunks_exact(r))
+        .zip(q.chunks_exact(qk))
+    {
+        qc[..r].copy_from_slice(ql);
+        qc[r..].copy_from_slice(&qh[nope..]);
+    }
     s.m.fill(f32::NEG_INFINITY);
     s.l.fill(0.0);
     s.o_lat.fill(0.0);
-    let d = cfg.latent_dim();
     for j0 in (0..keys.n_keys).step_by(KEY_TILE) {
         let n = KEY_TILE.min(keys.n_keys - j0);
         let tile = &mut tile[..n * d];
         keys.kv.gather(keys.layer, keys.table, j0, tile);
         attend_tile(cfg, tile, s);
     }
-    for (hd, (oh, o_lat)) in out
-        .chunks_exact_mut(vd)
-        .zip(s.o_lat.chunks_exact_mut(r))
+    for (hd, (oh, acc)) in o_lat
+        .chunks_exact_mut(r)
+        .zip(s.o_lat.chunks_exact(r))
         .enumerate()
     {
-        scale(o_lat, 1.0 / s.l[hd]);
-        let w_uv = &kv_b[(hd * (nope + vd) + nope) * r..(hd + 1) * (nope + vd) * r];
-        for (ov, wrow) in oh.iter_mut().zip(w_uv.chunks_exact(r)) {
-            *ov = dot(wrow, o_lat);
-        }
-    }
-}
-
-/// `q_cat[h] = [W_UK_hᵀ · q_nope_h, q_pe_h]` for every head.
-fn absorb_queries(cfg: &DeepSeekConfig, kv_b: &[f32], q: &[f32], q_cat: &mut [f32]) {
-    let (nope, vd, r) = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
-    let qk = nope + cfg.qk_rope_head_dim;
-    for (hd, (qh, qc)) in q
-        .chunks_exact(qk)
-        .zip(q_cat.chunks_exact_mut(cfg.latent_dim()))
-        .enumerate()
-    {
-        let (q_lat, q_pe) = qc.split_at_mut(r);
-        let w_uk = &kv_b[hd * (nope + vd) * r..(hd * (nope + vd) + nope) * r];
-        q_lat.fill(0.0);
-        for (&qd, wrow) in qh[..nope].iter().zip(w_uk.chunks_exact(r)) {
-            axpy(q_lat, qd, wrow);
-        }
-        q_pe.copy_from_slice(&qh[nope..]);
+        oh.copy_from_slice(acc);
+        scale(oh, 1.0 / s.l[hd]);
     }
 }
 
@@ -296,6 +371,7 @@ pub(super) fn attend_ref(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deepseek::weights::HeadMatrices;
     use tokenmill_kernels::attention::KvDtype;
 
     /// A DeepSeek config of `n_heads` heads, `r` latent, nope 8, rope 4, v 6.
@@ -309,6 +385,16 @@ mod tests {
         DeepSeekConfig::from_hf_config(&json.to_string()).unwrap()
     }
 
+    /// Head `h` of matrices made at load (no store needed).
+    fn owned(m: &HeadMatrices, h: usize) -> QMatrix<'_> {
+        match m {
+            HeadMatrices::Owned { data, rows, cols } => {
+                QMatrix::from_f32(*rows, *cols, &data[h * rows * cols..][..rows * cols])
+            }
+            HeadMatrices::Stored(_) => unreachable!("made from kv_b"),
+        }
+    }
+
     /// Deterministic values in about [-1, 1).
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n as u32)
@@ -318,7 +404,7 @@ mod tests {
     }
 
     #[test]
-    fn attend_matches_reference() {
+    fn attend_batch_matches_reference() {
         let shapes = [(1, 16), (3, 16), (4, 40)];
         for ((nh, r), dtype) in shapes
             .into_iter()
@@ -337,18 +423,28 @@ mod tests {
                     .collect();
                 kv.write(1, &table, pos, &row);
             }
-            let mut scratch = MlaScratch::default();
-            for n_keys in [1, 2, 31, 32, 33, 64, 65, 120] {
-                let q = values(nh * qk, 7 + n_keys as u32);
-                let keys = Keys {
-                    kv: &kv,
-                    layer: 1,
-                    table: &table,
-                    n_keys,
-                };
-                let (mut got, mut want) = (vec![0f32; nh * vd], vec![0f32; nh * vd]);
-                attend(&c, &kv_b, &q, keys, &mut scratch, &mut got);
-                attend_ref(&c, &kv_b, &q, keys, &mut want);
+            let (k_b, v_b) = HeadMatrices::from_kv_b(&c, &kv_b);
+            let heads = |h| (owned(&k_b, h), owned(&v_b, h));
+            let mut bufs = MlaBuffers::default();
+            // A token per key count, in one batch of more than a block.
+            let n_keys: Vec<usize> = [1, 2, 31, 32, 33, 64, 65, 120]
+                .into_iter()
+                .cycle()
+                .take(TOKEN_BLOCK + 9)
+                .collect();
+            let q = values(n_keys.len() * nh * qk, 7);
+            let keys = |t: usize| Keys {
+                kv: &kv,
+                layer: 1,
+                table: &table,
+                n_keys: n_keys[t],
+            };
+            let mut got = vec![0f32; n_keys.len() * nh * vd];
+            attend_batch(&c, heads, &q, keys, &mut bufs, &mut got);
+            for (t, &nk) in n_keys.iter().enumerate() {
+                let mut want = vec![0f32; nh * vd];
+                attend_ref(&c, &kv_b, &q[t * nh * qk..][..nh * qk], keys(t), &mut want);
+                let got = &got[t * nh * vd..][..nh * vd];
                 let peak = want.iter().fold(0f32, |a, v| a.max(v.abs()));
                 let worst = got
                     .iter()
@@ -356,7 +452,7 @@ mod tests {
                     .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
                 assert!(
                     worst <= 1e-5 * peak,
-                    "{nh} heads, r {r}, {dtype}, {n_keys} keys: {worst} of {peak}"
+                    "{nh} heads, r {r}, {dtype}, {nk} keys: {worst} of {peak}"
                 );
             }
         }

@@ -50,7 +50,6 @@ use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::glu::matmul_silu_mul;
 use tokenmill_kernels::matmul::matmul;
 use tokenmill_kernels::ops::{RopeStyle, add_in_place, add_rms_norm, rms_norm, rope_with};
-use tokenmill_kernels::pool::parallel_chunks_mut;
 
 pub use config::{DeepSeekConfig, Routing};
 pub use gguf::ARCH as GGUF_ARCH;
@@ -58,13 +57,13 @@ pub use latent_kv::LatentKvCache;
 pub use moe::{RouteScratch, route};
 pub(crate) use workspace::DeepSeekBuffers;
 
+use crate::Workspace;
 use crate::batch::SeqChunk;
 use crate::embed_head::{self, embed_batch};
 use crate::profile::{OpKind, set_layer, start, stop};
 use crate::store::WeightStore;
 use crate::workspace::resize;
 use crate::{KvDtype, ModelError};
-use crate::{Workspace, compute_pool};
 use weights::{Ffn, Layer, Mlp, QProj, Weights};
 
 pub struct DeepSeekModel {
@@ -193,7 +192,7 @@ impl DeepSeekModel {
         ws: &mut Workspace,
     ) {
         let c = &self.cfg;
-        let (nh, qk) = (c.n_heads, c.qk_nope_head_dim + c.qk_rope_head_dim);
+        let nh = c.n_heads;
         let n_tok = ws.tok_pos.len();
         let (d, prof) = (&mut ws.deepseek, &mut ws.profile);
         let t = start(prof);
@@ -206,23 +205,18 @@ impl DeepSeekModel {
         stop(prof, OpKind::RopeKvWrite, t);
         let t = start(prof);
         let out = resize(&mut d.attn, n_tok * nh * c.v_head_dim); // [T, H·v]
-        let pool = compute_pool();
-        if d.mla.len() < pool.num_threads() {
-            d.mla.resize_with(pool.num_threads(), Default::default);
-        }
-        let (q, scratch, tok_pos, kv) = (&d.q, &d.mla, &ws.tok_pos, &*kv);
-        // One task per token: a token's result depends only on its own row and keys.
-        parallel_chunks_mut(pool, out, nh * c.v_head_dim, |t, oh| {
+        let (tok_pos, kv, store) = (&ws.tok_pos, &*kv, &self.store);
+        let keys = |t: usize| {
             let (ci, pos) = tok_pos[t];
-            let keys = mla::Keys {
+            mla::Keys {
                 kv,
                 layer: l,
                 table: chunks[ci].block_table,
                 n_keys: pos + 1,
-            };
-            let mut s = mla::free_scratch(scratch);
-            mla::attend(c, &lw.kv_b, &q[t * nh * qk..][..nh * qk], keys, &mut s, oh);
-        });
+            }
+        };
+        let heads = |h| (lw.k_b.view(h, store), lw.v_b.view(h, store));
+        mla::attend_batch(c, heads, &d.q, keys, &mut d.mla, out);
         stop(prof, OpKind::Attention, t);
         let t = start(prof);
         let proj = resize(&mut ws.proj, n_tok * c.hidden);

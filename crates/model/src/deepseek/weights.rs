@@ -1,12 +1,60 @@
 //! DeepSeek V2/V3 weights in a Hugging Face store, shape-checked at load.
 //!
-//! Matrices stay mapped ([`Linear`]); norms, the router and `kv_b_proj` (needed per head in
-//! f32 for weight absorption: rows `h·(nope+v) ..+nope` are `W_UK_h`, the next `v` rows
-//! `W_UV_h`, each `[·, kv_lora_rank]`) are dequantized once.
+//! Matrices stay mapped ([`Linear`]); norms and the router are dequantized once.
+//! `kv_b_proj` (rows `h·(nope+v) ..+nope` are `W_UK_h`, the next `v` rows `W_UV_h`, each
+//! `[·, kv_lora_rank]`) becomes MLA's per-head matrices for weight absorption
+//! ([`HeadMatrices::from_kv_b`]: `W_UK_hᵀ` transposed once at load, `W_UV_h` as it is).
+
+use tokenmill_kernels::matmul::QMatrix;
 
 use super::config::DeepSeekConfig;
 use crate::store::{Linear, WeightStore};
 use crate::{ModelError, Naming};
+
+/// One small matrix per attention head: MLA's absorbed `W_UK_hᵀ` (`[r, nope]` a head) or
+/// `W_UV_h` (`[v, r]`), run over the batch by the kernels' `matmul_per_head`.
+pub enum HeadMatrices {
+    /// Views of a stored `[H, rows, cols]` tensor, one a head (a GGUF's `attn_k_b` /
+    /// `attn_v_b`, in their quantized type).
+    Stored(Vec<Linear>),
+    /// `[H, rows, cols]` f32 made at load from a whole `kv_b_proj`.
+    Owned {
+        data: Vec<f32>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+impl HeadMatrices {
+    /// Head `h`'s matrix.
+    pub fn view<'a>(&'a self, h: usize, store: &'a WeightStore) -> QMatrix<'a> {
+        match self {
+            HeadMatrices::Stored(heads) => heads[h].view(store),
+            HeadMatrices::Owned { data, rows, cols } => {
+                QMatrix::from_f32(*rows, *cols, &data[h * rows * cols..(h + 1) * rows * cols])
+            }
+        }
+    }
+
+    /// `(W_UKᵀ, W_UV)` per head, `[H, r, nope]` and `[H, v, r]`, from a whole `kv_b`
+    /// `[H·(nope + v), r]`.
+    pub fn from_kv_b(c: &DeepSeekConfig, kv_b: &[f32]) -> (HeadMatrices, HeadMatrices) {
+        let (nh, nope, v, r) = (c.n_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+        let (mut k_b, mut v_b) = (vec![0f32; nh * r * nope], vec![0f32; nh * v * r]);
+        for (hd, head) in kv_b.chunks_exact((nope + v) * r).enumerate() {
+            let (w_uk, w_uv) = head.split_at(nope * r); // [nope, r], [v, r]
+            let kt = &mut k_b[hd * r * nope..(hd + 1) * r * nope]; // [r, nope]
+            for (d, row) in w_uk.chunks_exact(r).enumerate() {
+                row.iter()
+                    .enumerate()
+                    .for_each(|(j, &w)| kt[j * nope + d] = w);
+            }
+            v_b[hd * v * r..(hd + 1) * v * r].copy_from_slice(w_uv);
+        }
+        let owned = |data, rows, cols| HeadMatrices::Owned { data, rows, cols };
+        (owned(k_b, r, nope), owned(v_b, v, r))
+    }
+}
 
 pub enum QProj {
     Full(Linear),
@@ -44,8 +92,9 @@ pub struct Layer {
     /// `[kv_lora_rank + rope, hidden]`
     pub kv_a: Linear,
     pub kv_a_norm: Vec<f32>,
-    /// `[n_heads · (nope + v), kv_lora_rank]`, f32.
-    pub kv_b: Vec<f32>,
+    /// `W_UK_hᵀ` `[kv_lora_rank, nope]` and `W_UV_h` `[v, kv_lora_rank]` per head.
+    pub k_b: HeadMatrices,
+    pub v_b: HeadMatrices,
     pub o: Linear,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
@@ -108,15 +157,18 @@ fn layer(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Layer, ModelEr
         },
     };
     let r = c.kv_lora_rank;
+    let kv_b = s.dense(
+        &n("self_attn.kv_b_proj.weight"),
+        &[c.n_heads * (c.qk_nope_head_dim + c.v_head_dim), r],
+    )?;
+    let (k_b, v_b) = HeadMatrices::from_kv_b(c, &kv_b);
     Ok(Layer {
         attn_norm: s.dense(&n("input_layernorm.weight"), &[h])?,
         q,
         kv_a: s.linear(&n("self_attn.kv_a_proj_with_mqa.weight"), c.latent_dim(), h)?,
         kv_a_norm: s.dense(&n("self_attn.kv_a_layernorm.weight"), &[r])?,
-        kv_b: s.dense(
-            &n("self_attn.kv_b_proj.weight"),
-            &[c.n_heads * (c.qk_nope_head_dim + c.v_head_dim), r],
-        )?,
+        k_b,
+        v_b,
         o: s.linear(&n("self_attn.o_proj.weight"), h, c.n_heads * c.v_head_dim)?,
         ffn_norm: s.dense(&n("post_attention_layernorm.weight"), &[h])?,
         ffn: ffn(s, c, l)?,

@@ -7,10 +7,8 @@
 //! way a forward pass allocates nothing once the workspace has seen the batch shape
 //! (`tests/zero_alloc_deepseek.rs` counts).
 
-use std::sync::Mutex;
-
 use super::config::DeepSeekConfig;
-use super::mla::MlaScratch;
+use super::mla::MlaBuffers;
 use super::moe::MoeScratch;
 use crate::compute_pool;
 
@@ -30,9 +28,8 @@ pub(crate) struct DeepSeekBuffers {
     pub(super) attn: Vec<f32>,
     /// The dense FFN's `silu(gate) ⊙ up` `[T, ffn_hidden]`.
     pub(super) ffn: Vec<f32>,
-    /// One token's attention state per pool thread (tokens attend in parallel, each task
-    /// locking a free one: at most the pool's thread count run at once).
-    pub(super) mla: Vec<Mutex<MlaScratch>>,
+    /// MLA's per-block buffers and per-thread attention states.
+    pub(super) mla: MlaBuffers,
     /// Routing and the grouped expert pass.
     pub(super) moe: MoeScratch,
 }
@@ -52,9 +49,7 @@ impl DeepSeekBuffers {
             latent: buf(cfg.latent_dim()),
             attn: buf(t * nh * cfg.v_head_dim),
             ffn: buf(t * cfg.ffn_hidden),
-            mla: (0..compute_pool().num_threads())
-                .map(|_| Mutex::new(MlaScratch::new(cfg)))
-                .collect(),
+            mla: MlaBuffers::new(cfg, compute_pool().num_threads()),
             moe: MoeScratch::new(cfg, t),
         }
     }
