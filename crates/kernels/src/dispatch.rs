@@ -35,7 +35,7 @@ use crate::kv_elem::KvElem;
 use crate::qmatrix::{Layout, QMatrix};
 use crate::quant::GgmlType;
 use crate::quant::rows16::GROUP;
-use crate::simd::attn::{AccRows, AttnMergeFn, AttnTile, AttnTileFn};
+use crate::simd::attn::{AccRows, AttnMergeFn, AttnTile, AttnTileFn, DotRows};
 use crate::simd::{MAX_ROWS, MAX_ROWS_16, TierFns, scalar};
 
 /// A kernel tier, from the most portable to the fastest.
@@ -570,6 +570,23 @@ impl Kernels {
         assert!(x.len() >= (s.n - 1) * s.x_stride + s.cols, "x is too short");
         // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
         unsafe { (self.fns.acc_rows)(s, o, p, x) }
+    }
+
+    /// `s[i·s_stride + j] = Σ_c q[i·q_stride + c] · k[j·k_stride + c]` for every row `i` and
+    /// key `j` of the shape (see [`DotRows`]). Panics if a slice is too short for the shape.
+    #[inline]
+    pub fn dot_rows(&self, d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]) {
+        if d.rows == 0 || d.n == 0 {
+            return;
+        }
+        assert!(s.len() >= (d.rows - 1) * d.s_stride + d.n, "s is too short");
+        assert!(
+            q.len() >= (d.rows - 1) * d.q_stride + d.cols,
+            "q is too short"
+        );
+        assert!(k.len() >= (d.n - 1) * d.k_stride + d.cols, "k is too short");
+        // SAFETY: lengths checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.fns.dot_rows)(d, s, q, k) }
     }
 
     /// f32 dot product of two equal-length slices (panics otherwise).

@@ -6,7 +6,8 @@
 //!   `2^(-g·log2 e)`, and rounding the f32 argument costs `|g| · 2^-24 · log2 e` relative
 //!   (~1.3e-6 at `|g| = 30`, where the gate is ~1e-12 anyway);
 //! * `acc_rows` (MLA's `O += P · X` over strided rows) against an f64 reference, within
-//!   `(n + 1) · 2^-23` of the sum of absolute terms.
+//!   `(n + 1) · 2^-23` of the sum of absolute terms; `dot_rows` (MLA's scores `Q · Kᵀ`)
+//!   likewise, within `(cols + 1) · 2^-23`.
 
 use tokenmill_kernels::dispatch::{Kernels, Tier};
 use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
@@ -142,6 +143,65 @@ fn acc_rows_tiers_match_reference() {
                     assert!(
                         (got - sum).abs() <= tol,
                         "{tier} {rows}x{cols} n={n} [{h}][{c}]: {got} vs {sum}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// MLA's scores `S = Q · Kᵀ` over strided rows on every tier this CPU has against an f64
+/// reference, for shapes that exercise the 4-row × 4-key (or × 2) blocks, the single rows and
+/// keys after them, and the column tail past the last vector: within `(cols + 1) · 2^-23` of
+/// the sum of absolute terms; entries outside the shape are left as they were.
+#[test]
+fn dot_rows_tiers_match_reference() {
+    use tokenmill_kernels::attention::DotRows;
+    let mut rng = SplitMix64::new(6);
+    for tier in Tier::ALL {
+        if !Tier::supported().contains(&tier) {
+            eprintln!("skipped: dot_rows_tiers_match_reference: tier {tier} (this CPU lacks it)");
+        }
+    }
+    for (rows, n, cols) in [
+        (1, 1, 1),
+        (3, 5, 8),
+        (4, 4, 16),
+        (5, 7, 40),
+        (16, 32, 576),
+        (7, 1, 33),
+        (9, 30, 100),
+    ] {
+        let (q_stride, k_stride, s_stride) = (cols + 5, cols + 64, n + 3);
+        let d = DotRows {
+            rows,
+            n,
+            cols,
+            q_stride,
+            k_stride,
+            s_stride,
+        };
+        let q: Vec<f32> = (0..rows * q_stride)
+            .map(|_| rng.uniform(-1.0, 1.0))
+            .collect();
+        let k: Vec<f32> = (0..n * k_stride).map(|_| rng.uniform(-2.0, 2.0)).collect();
+        for tier in Tier::supported() {
+            let mut s = vec![f32::NAN; rows * s_stride];
+            Kernels::new(tier).unwrap().dot_rows(&d, &mut s, &q, &k);
+            for i in 0..rows {
+                for j in 0..s_stride {
+                    let got = s[i * s_stride + j];
+                    if j >= n {
+                        assert!(got.is_nan(), "{tier}: [{i}][{j}] outside the shape written");
+                        continue;
+                    }
+                    let terms =
+                        (0..cols).map(|c| q[i * q_stride + c] as f64 * k[j * k_stride + c] as f64);
+                    let (sum, mag) = terms.fold((0.0, 0.0), |(s, m), t| (s + t, m + t.abs()));
+                    let tol = (cols as f64 + 1.0) * f32::EPSILON as f64 * mag;
+                    assert!(
+                        (got as f64 - sum).abs() <= tol,
+                        "{tier} {rows}x{n}x{cols} [{i}][{j}]: {got} vs {sum}"
                     );
                 }
             }

@@ -42,7 +42,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 pub use crate::kv_elem::{KvDtype, KvElem};
-pub use crate::simd::attn::{AccRows, KEY_TILE};
+pub use crate::simd::attn::{AccRows, DotRows, KEY_TILE};
 pub use half::f16;
 pub use paged::{KvLayout, PagedKv, PagedKvMut, RopeAt};
 pub use plan::{AttnScratch, MAX_SEGS, SEG_MIN_KEYS, segments};

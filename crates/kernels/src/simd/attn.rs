@@ -122,6 +122,43 @@ pub unsafe fn acc_rows(s: &AccRows, o: &mut [f32], p: &[f32], x: &[f32]) {
     }
 }
 
+/// The shape of a small `S = Q · Kᵀ` over strided rows ([`DotRowsFn`]): `s[i·s_stride + j]
+/// = Σ_{c < cols} q[i·q_stride + c] · k[j·k_stride + c]` for every row `i < rows` and key
+/// `j < n` (MLA's scores: every head's absorbed query against a tile of latent rows).
+#[derive(Clone, Copy, Debug)]
+pub struct DotRows {
+    pub rows: usize,
+    pub n: usize,
+    pub cols: usize,
+    pub q_stride: usize,
+    pub k_stride: usize,
+    pub s_stride: usize,
+}
+
+/// `S = Q · Kᵀ` of a [`DotRows`] shape (the outputs are overwritten).
+///
+/// # Safety
+///
+/// `s` reaches `(rows − 1) · s_stride + n`, `q` reaches `(rows − 1) · q_stride + cols`, `k`
+/// reaches `(n − 1) · k_stride + cols`, and the CPU supports the tier's features.
+pub type DotRowsFn = unsafe fn(d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]);
+
+/// Scalar tier of [`DotRowsFn`] (the reference): each output one dot, column by column in
+/// order, multiply then add.
+///
+/// # Safety
+///
+/// As [`DotRowsFn`].
+pub unsafe fn dot_rows(d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]) {
+    for i in 0..d.rows {
+        let qi = &q[i * d.q_stride..][..d.cols];
+        for j in 0..d.n {
+            let kj = &k[j * d.k_stride..][..d.cols];
+            s[i * d.s_stride + j] = qi.iter().zip(kj).fold(0.0, |a, (x, y)| a + x * y);
+        }
+    }
+}
+
 /// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add), keys
 /// and values widened from `E` as they are read.
 ///

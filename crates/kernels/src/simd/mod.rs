@@ -129,6 +129,8 @@ pub struct TierFns {
     pub silu_mul: attn::SiluMulFn,
     /// Small `O += P · X` over strided rows (MLA's latent accumulation).
     pub acc_rows: attn::AccRowsFn,
+    /// Small `S = Q · Kᵀ` over strided rows (MLA's scores).
+    pub dot_rows: attn::DotRowsFn,
     /// The AMX matmul of Rows16 weights (the AMX tier only).
     #[cfg(target_arch = "x86_64")]
     pub amx: Option<AmxFns>,

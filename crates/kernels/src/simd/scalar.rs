@@ -303,6 +303,7 @@ pub fn fns() -> TierFns {
         attn_lanes: 1,
         silu_mul: super::attn::silu_mul,
         acc_rows: super::attn::acc_rows,
+        dot_rows: super::attn::dot_rows,
         #[cfg(target_arch = "x86_64")]
         amx: None,
     }

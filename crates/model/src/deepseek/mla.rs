@@ -24,12 +24,11 @@
 //! per head, `o_h` rescaled by `e^(m_old − m_new)` when the max grows, divided by `l_h` at the
 //! end. Each tile's rows are gathered from the paged cache into one f32 matrix (an f16
 //! cache's widened exactly; [`LatentKvCache::gather`]), and both passes over it are small
-//! products for all heads at once: the scores `S = Q_cat · tileᵀ` `[H, n]` through `gemm`'s
-//! dot-product kernel ([`gemm_strided`], 8 heads a call, which never allocates), and
-//! `O += P · C` `[H, r]` through the tier's register-blocked `acc_rows` (4 heads × 2 vectors
-//! of `o` held in registers over the tile's keys). Absorbing the query and the final `W_UV`
-//! product are the kernels' dots and axpys. The scratch is an [`MlaScratch`] of fixed size
-//! (no allocation, whatever the context length).
+//! products for all heads at once through the tier's register-blocked kernels: the scores
+//! `S = Q_cat · tileᵀ` `[H, n]` by `dot_rows` (4 heads × 4 keys summed in registers along the
+//! latent), and `O += P · C` `[H, r]` by `acc_rows` (4 heads × 2 vectors of `o` held in
+//! registers over the tile's keys). The scratch is an [`MlaScratch`] of fixed size (no
+//! allocation, whatever the context length).
 //!
 //! `attend_ref` is the reference twin (tests only): the plain loops — one head at a time,
 //! two separate dots per score, an exact two-pass softmax over all scores, `kv_b` as one f32
@@ -38,10 +37,10 @@
 
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
-use tokenmill_kernels::attention::AccRows;
+use tokenmill_kernels::attention::{AccRows, DotRows};
 use tokenmill_kernels::dispatch::kernels;
 use tokenmill_kernels::grouped::matmul_per_head;
-use tokenmill_kernels::matmul::{MatRef, QMatrix, gemm_strided};
+use tokenmill_kernels::matmul::QMatrix;
 use tokenmill_kernels::ops::scale;
 use tokenmill_kernels::pool::parallel_chunks_mut;
 
@@ -55,9 +54,6 @@ pub(super) const TOKEN_BLOCK: usize = 64;
 
 /// Key positions scored per tile, for all heads at once.
 pub(super) const KEY_TILE: usize = 32;
-
-/// Heads scored per product (`SCORE_HEADS × KEY_TILE` = 256 scores).
-const SCORE_HEADS: usize = 8;
 
 /// The buffers of [`attend_batch`], for a block of `B ≤ TOKEN_BLOCK` tokens (grow-only).
 #[derive(Debug, Default)]
@@ -266,28 +262,16 @@ fn attend(
 fn attend_tile(cfg: &DeepSeekConfig, tile: &[f32], s: &mut HeadState) {
     let (nh, d, r) = (cfg.n_heads, cfg.latent_dim(), cfg.kv_lora_rank);
     let n = tile.len() / d;
-    let mat = |data, rows, cols, rs, cs| MatRef {
-        data,
-        rows,
-        cols,
-        rs,
-        cs,
+    // scores[h][j] = q_cat[h] · tile[j] (the tier's register-blocked kernel)
+    let scores = DotRows {
+        rows: nh,
+        n,
+        cols: d,
+        q_stride: d,
+        k_stride: d,
+        s_stride: KEY_TILE,
     };
-    // scores[h][j] = q_cat[h] · tile[j], for groups of SCORE_HEADS heads (`gemm`'s
-    // allocation-free dot-product kernel takes up to 256 outputs).
-    for h0 in (0..nh).step_by(SCORE_HEADS) {
-        let g = SCORE_HEADS.min(nh - h0);
-        let q_cat = mat(&s.q_cat[h0 * d..], g, d, d, 1);
-        let keys_t = mat(tile, d, n, 1, d);
-        gemm_strided(
-            &mut s.scores[h0 * KEY_TILE..],
-            KEY_TILE,
-            1,
-            q_cat,
-            keys_t,
-            false,
-        );
-    }
+    kernels().dot_rows(&scores, &mut s.scores, &s.q_cat, tile);
     for (hd, (sh, o_lat)) in s
         .scores
         .chunks_exact_mut(KEY_TILE)

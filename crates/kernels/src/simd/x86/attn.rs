@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use crate::simd::attn::{AccRows, AttnTile, EXP2_FLUSH, KEY_TILE};
+use crate::simd::attn::{AccRows, AttnTile, DotRows, EXP2_FLUSH, KEY_TILE};
 
 /// An f32 SIMD vector, as much of it as the attention kernels need.
 pub trait F32s: Copy {
@@ -607,6 +607,95 @@ unsafe fn acc_block<S: F32s, const H: usize, const V: usize>(
         for (i, a) in acc.iter().enumerate() {
             for (v, av) in a.iter().enumerate() {
                 av.store(at(i, v));
+            }
+        }
+    }
+}
+
+/// [`crate::simd::attn::DotRowsFn`] on `S`: blocks of 4 rows × `J` keys (4 on 16-lane
+/// vectors, 2 on 8-lane ones, so the accumulators fit the register file) are summed in
+/// registers along the columns, so each loaded vector of `q` feeds `J` FMAs and each of `k`
+/// feeds 4; one horizontal sum per output, then the column tail one value at a time. Rows past
+/// the last block of 4 go one at a time, keys past the last block one at a time.
+///
+/// # Safety
+///
+/// As [`crate::simd::attn::DotRowsFn`].
+#[inline(always)]
+pub unsafe fn dot_rows<S: F32s>(d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]) {
+    let (s, q, k) = (s.as_mut_ptr(), q.as_ptr(), k.as_ptr());
+    // SAFETY: every offset stays within the bounds the caller guarantees.
+    unsafe {
+        let mut i = 0;
+        while i + 4 <= d.rows {
+            if S::N >= 16 {
+                dot_row_block::<S, 4, 4>(d, s, q, k, i);
+            } else {
+                dot_row_block::<S, 4, 2>(d, s, q, k, i);
+            }
+            i += 4;
+        }
+        while i < d.rows {
+            dot_row_block::<S, 1, 4>(d, s, q, k, i);
+            i += 1;
+        }
+    }
+}
+
+/// Rows `i..i + R` of [`dot_rows`], every key, `J` keys a block.
+#[inline(always)]
+unsafe fn dot_row_block<S: F32s, const R: usize, const J: usize>(
+    d: &DotRows,
+    s: *mut f32,
+    q: *const f32,
+    k: *const f32,
+    i: usize,
+) {
+    let mut j = 0;
+    unsafe {
+        while j + J <= d.n {
+            dot_block::<S, R, J>(d, s, q, k, i, j);
+            j += J;
+        }
+        while j < d.n {
+            dot_block::<S, R, 1>(d, s, q, k, i, j);
+            j += 1;
+        }
+    }
+}
+
+/// Outputs `(i..i + R) × (j..j + J)` of [`dot_rows`], summed in registers over the columns.
+#[inline(always)]
+unsafe fn dot_block<S: F32s, const R: usize, const J: usize>(
+    d: &DotRows,
+    s: *mut f32,
+    q: *const f32,
+    k: *const f32,
+    i: usize,
+    j: usize,
+) {
+    unsafe {
+        let qr = |r: usize| q.add((i + r) * d.q_stride);
+        let kr = |jj: usize| k.add((j + jj) * d.k_stride);
+        let mut acc: [[S; J]; R] = [[S::zero(); J]; R];
+        let mut c = 0;
+        while c + S::N <= d.cols {
+            let kv: [S; J] = std::array::from_fn(|jj| S::load(kr(jj).add(c)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let qv = S::load(qr(r).add(c));
+                for (av, &kvv) in a.iter_mut().zip(&kv) {
+                    *av = S::fma(qv, kvv, *av);
+                }
+            }
+            c += S::N;
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (jj, av) in a.iter().enumerate() {
+                let mut v = av.hsum();
+                for cc in c..d.cols {
+                    v += *qr(r).add(cc) * *kr(jj).add(cc);
+                }
+                *s.add((i + r) * d.s_stride + j + jj) = v;
             }
         }
     }

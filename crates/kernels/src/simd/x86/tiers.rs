@@ -12,7 +12,7 @@ use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
 use super::{a16, amx, attn, kquants, q32, quantize, rows16};
 use crate::quant::GgmlType;
-use crate::simd::attn::{AccRows, AttnTile};
+use crate::simd::attn::{AccRows, AttnTile, DotRows};
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
 /// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
@@ -182,6 +182,14 @@ macro_rules! tier {
                 unsafe { attn::acc_rows::<$f32s>(s, o, p, x) }
             }
 
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::DotRowsFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn dot_rows(d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]) {
+                unsafe { attn::dot_rows::<$f32s>(d, s, q, k) }
+            }
+
             /// This tier's table: its SIMD kernels, the scalar tier for the rest.
             pub fn fns() -> TierFns {
                 let mut t = scalar::fns();
@@ -220,6 +228,7 @@ macro_rules! tier {
                 t.attn_lanes = <$f32s as F32s>::N;
                 t.silu_mul = silu_mul;
                 t.acc_rows = acc_rows;
+                t.dot_rows = dot_rows;
                 t
             }
         }
