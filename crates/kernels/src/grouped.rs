@@ -230,6 +230,7 @@ pub fn matmul_per_head_with<'w>(
     }
     let k = w(0).cols;
     let n_tok = x.len().checked_div(n_heads * k).unwrap_or(0);
+    assert_eq!(x.len(), n_tok * n_heads * k, "x is not [T, {n_heads}, {k}]");
     let group = |h| {
         let rows = Rows {
             first: h,
