@@ -1,4 +1,4 @@
-//! Multi-head Latent Attention of one token over the [`LatentKvCache`], weight-absorbed
+//! Multi-head Latent Attention of a batch over the [`LatentKvCache`], weight-absorbed
 //! (DeepSeek-V2, <https://arxiv.org/abs/2405.04434>, §2.1): K and V are never expanded.
 //!
 //! With `W_UK_h`, `W_UV_h` the rows of head `h` in `kv_b_proj` (`[nope, r]` and `[v, r]`), a
@@ -17,6 +17,7 @@
 //! block reads each head's weights once instead of once a token), and between them the
 //! tokens' attention over the cache in parallel on the pool ([`attend`], a scratch per pool
 //! thread).
+//!
 //! Every head reads the same latent rows (MQA with one key/value "head" of `r + rope`
 //! dims), so [`attend`] sweeps the keys once per token in tiles of [`KEY_TILE`] positions,
 //! scoring a tile for all heads while its rows are in cache, with the online softmax
