@@ -43,10 +43,12 @@ struct Rows {
 }
 
 impl Rows {
+    /// The contiguous run `r` (panics if it is reversed).
     fn run(r: Range<usize>) -> Rows {
+        assert!(r.start <= r.end, "a group's rows {r:?} are not ascending");
         Rows {
             first: r.start,
-            len: r.end.saturating_sub(r.start),
+            len: r.end - r.start,
             step: 1,
         }
     }
