@@ -15,7 +15,7 @@
 use std::cell::RefCell;
 
 use crate::dispatch::{DotKernel, Kernels, kernels};
-use crate::matmul::{ActRows, QMatrix, matmul_with, with_quantized};
+use crate::matmul::{ActRows, QMatrix, chunk_rows, matmul_with, with_quantized};
 use crate::pool::{SyncPtr, ThreadPool, global};
 use crate::simd::MAX_ROWS_16;
 
@@ -23,8 +23,6 @@ use crate::simd::MAX_ROWS_16;
 const TILE_ROWS: usize = 64;
 /// Target bytes of gate + up weight rows per tile (fits L1 alongside the activations).
 const TILE_BYTES: usize = 16 * 1024;
-/// Row chunks per thread, as in `matmul`.
-const CHUNKS_PER_THREAD: usize = 8;
 
 thread_local! {
     /// Gate and up outputs of the fallback path, `[2, n_tokens, n]`.
@@ -114,14 +112,8 @@ impl<'a> Fused<'a> {
         ku: DotKernel,
         threads: usize,
     ) -> Fused<'a> {
-        let n = gate.rows;
         let align = gate.row_align();
-        let chunk = if threads <= 1 {
-            n
-        } else {
-            n.div_ceil(threads * CHUNKS_PER_THREAD).max(16)
-        };
-        let chunk = chunk.next_multiple_of(align).max(align);
+        let chunk = chunk_rows(gate.rows, threads, align);
         let tile = (TILE_BYTES / (gate.row_bytes() + up.row_bytes()).max(1))
             .next_multiple_of(align)
             .clamp(1, TILE_ROWS);

@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use crate::dispatch::{DotKernel, Kernels, kernels};
 use crate::glu::{Fused, matmul_silu_mul_with};
-use crate::matmul::{ActRows, Part, QMatrix, matmul_with, with_quantized};
+use crate::matmul::{ActRows, Part, QMatrix, chunk_rows, matmul_with, with_quantized};
 use crate::pool::{SyncPtr, ThreadPool, global};
 
 thread_local! {
@@ -157,13 +157,6 @@ impl Job<'_> {
         match self {
             Job::Matmul(p) => &p.kern,
             Job::SiluMul(f) => f.gate_kernel(),
-        }
-    }
-
-    fn chunk(&self) -> usize {
-        match self {
-            Job::Matmul(p) => p.chunk(),
-            Job::SiluMul(f) => f.chunk,
         }
     }
 }
@@ -325,7 +318,8 @@ fn grouped<'w>(
         match op.job(kernels, like.as_ref(), rows.len, threads) {
             Some(job) if like.is_none() => {
                 like = Some(*job.kernel());
-                chunk = job.chunk();
+                // The same cut as each group's own matmul (one layout: one alignment).
+                chunk = chunk_rows(n, threads, w.row_align());
             }
             Some(_) => {}
             None => op.run_rows_alone(pool, kernels, rows, x, out),

@@ -80,15 +80,22 @@ pub(crate) struct Plan {
     tile: usize,
 }
 
+/// Weight rows per pool task for `n` rows on `threads` threads, a multiple of `align` (a
+/// Rows16 group, or 1): what `matmul`, the fused gate/up pass and the grouped matmuls (which
+/// need one chunk for all their groups) cut a weight into.
+pub(crate) fn chunk_rows(n: usize, threads: usize, align: usize) -> usize {
+    let chunk = if threads <= 1 {
+        n
+    } else {
+        n.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS)
+    };
+    chunk.next_multiple_of(align).max(align)
+}
+
 impl Plan {
     /// Chunks and tiles start at multiples of `align` rows (a Rows16 group, or 1).
     fn new(n: usize, row_bytes: usize, threads: usize, align: usize) -> Plan {
-        let chunk = if threads <= 1 {
-            n
-        } else {
-            n.div_ceil(threads * CHUNKS_PER_THREAD).max(MIN_CHUNK_ROWS)
-        };
-        let chunk = chunk.next_multiple_of(align).max(align);
+        let chunk = chunk_rows(n, threads, align);
         let tile = (TILE_BYTES / row_bytes.max(1)).next_multiple_of(align);
         let tile = tile.clamp(1, chunk.max(1));
         Plan {
@@ -293,11 +300,6 @@ impl<'a> Part<'a> {
     pub(crate) fn new(w: QMatrix<'a>, kern: DotKernel, col: usize, threads: usize) -> Part<'a> {
         let plan = Plan::new(w.rows, w.row_bytes(), threads, w.row_align());
         Part { w, kern, col, plan }
-    }
-
-    /// Weight rows per pool task.
-    pub(crate) fn chunk(&self) -> usize {
-        self.plan.chunk
     }
 
     /// Rows `r0..r1` of the weight against the quantized activation rows `act`, into
