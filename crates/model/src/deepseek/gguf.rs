@@ -41,7 +41,7 @@ use serde_json::json;
 use tokenmill_gguf::{GgufFile, Metadata};
 
 use super::config::{DeepSeekConfig, Routing, check_experts, rope};
-use super::weights::{Ffn, HeadMatrices, Layer, Mlp, Moe, QProj, Weights};
+use super::weights::{Ffn, HeadMatrices, Layer, Mlp, Moe, QProj, Weights, expansion_matrix};
 use crate::ModelError;
 use crate::store::WeightStore;
 
@@ -369,6 +369,7 @@ fn layer(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Layer, ModelEr
     };
     let (k_b, v_b) = kv_b(s, c, l)?;
     Ok(Layer {
+        kv_b: expansion_matrix(c, &k_b, &v_b, s),
         attn_norm: s.dense(&name(l, "attn_norm"), &[h])?,
         q,
         kv_a: s.linear(&name(l, "attn_kv_a_mqa"), c.latent_dim(), h)?,

@@ -47,6 +47,7 @@ use tokenmill_kernels::pool::parallel_chunks_mut;
 
 use super::config::DeepSeekConfig;
 use super::latent_kv::LatentKvCache;
+use super::mla_expanded::{self, ExpandedBuffers};
 use crate::compute_pool;
 use crate::workspace::resize;
 
@@ -68,11 +69,13 @@ pub(crate) struct MlaBuffers {
     /// One token's attention state per pool thread (tokens attend in parallel, each task
     /// locking a free one).
     scratch: Vec<Mutex<MlaScratch>>,
+    /// The expanded form's buffers.
+    expanded: ExpandedBuffers,
 }
 
 impl MlaBuffers {
-    /// Capacity for blocks of `cfg` on a pool of `threads`.
-    pub(super) fn new(cfg: &DeepSeekConfig, threads: usize) -> MlaBuffers {
+    /// Capacity for batches of up to `max_tokens` tokens of `cfg` on a pool of `threads`.
+    pub(super) fn new(cfg: &DeepSeekConfig, max_tokens: usize, threads: usize) -> MlaBuffers {
         let (b, nh, r) = (TOKEN_BLOCK, cfg.n_heads, cfg.kv_lora_rank);
         MlaBuffers {
             q_nope: Vec::with_capacity(b * nh * cfg.qk_nope_head_dim),
@@ -81,18 +84,65 @@ impl MlaBuffers {
             scratch: (0..threads)
                 .map(|_| Mutex::new(MlaScratch::new(cfg)))
                 .collect(),
+            expanded: ExpandedBuffers::new(cfg, max_tokens, threads),
         }
     }
 }
 
 /// `out` `[T, H·v]` = MLA of the batch's tokens, with queries `q` `[T, H·(nope + rope)]`
-/// (rope parts rotated), token `t`'s keys `keys(t)`, and the layer's per-head matrices
-/// `heads(h) = (W_UK_hᵀ, W_UV_h)` (module docs).
+/// (rope parts rotated), token `t`'s keys `keys(t)`, the layer's per-head matrices
+/// `heads(h) = (W_UK_hᵀ, W_UV_h)` (module docs) and its whole `kv_b` `[H·(nope + v), r]`.
+///
+/// A run of one sequence's tokens (consecutive positions, one `Keys::seq`) for which the
+/// expanded form costs fewer multiply-adds ([`mla_expanded::pays`]: a prefill chunk) runs
+/// there; every other token (decodes, a few speculative tokens over a long context) runs
+/// absorbed, the tokens between two expanded runs together.
 pub(super) fn attend_batch<'k, 'w>(
     cfg: &DeepSeekConfig,
     heads: impl Fn(usize) -> (QMatrix<'w>, QMatrix<'w>) + Sync,
+    kv_b: &QMatrix<'_>,
     q: &[f32],
     keys: impl Fn(usize) -> Keys<'k> + Sync,
+    b: &mut MlaBuffers,
+    out: &mut [f32],
+) {
+    let (nh, vd) = (cfg.n_heads, cfg.v_head_dim);
+    let qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim;
+    let n_tok = q.len() / (nh * qk);
+    let mut absorbed_from = 0;
+    let mut t = 0;
+    while t < n_tok {
+        let first = keys(t);
+        let mut end = t + 1;
+        while end < n_tok && keys(end).seq == first.seq {
+            debug_assert_eq!(
+                keys(end).n_keys,
+                first.n_keys + end - t,
+                "a run is consecutive"
+            );
+            end += 1;
+        }
+        if mla_expanded::pays(cfg, end - t, first.n_keys - 1) {
+            let (q_a, out_a) = (&q[..t * nh * qk], &mut out[..t * nh * vd]);
+            absorbed(cfg, &heads, q_a, &keys, absorbed_from, b, out_a);
+            let run_q = &q[t * nh * qk..end * nh * qk];
+            let run_out = &mut out[t * nh * vd..end * nh * vd];
+            mla_expanded::attend_run(cfg, kv_b, run_q, first, &mut b.expanded, run_out);
+            absorbed_from = end;
+        }
+        t = end;
+    }
+    absorbed(cfg, &heads, q, &keys, absorbed_from, b, out);
+}
+
+/// The absorbed form for tokens `from..` of the batch (`q` and `out` end where they do),
+/// [`TOKEN_BLOCK`] tokens at a time.
+fn absorbed<'k, 'w>(
+    cfg: &DeepSeekConfig,
+    heads: &(impl Fn(usize) -> (QMatrix<'w>, QMatrix<'w>) + Sync),
+    q: &[f32],
+    keys: &(impl Fn(usize) -> Keys<'k> + Sync),
+    from: usize,
     b: &mut MlaBuffers,
     out: &mut [f32],
 ) {
@@ -108,7 +158,7 @@ pub(super) fn attend_batch<'k, 'w>(
         b.scratch.resize_with(pool.num_threads(), Default::default);
     }
     let n_tok = q.len() / (nh * qk);
-    for t0 in (0..n_tok).step_by(TOKEN_BLOCK) {
+    for t0 in (from..n_tok).step_by(TOKEN_BLOCK) {
         let n = TOKEN_BLOCK.min(n_tok - t0);
         let q = &q[t0 * nh * qk..(t0 + n) * nh * qk];
         let q_nope = resize(&mut b.q_nope, n * nh * nope); // [B, H, nope]
@@ -171,12 +221,12 @@ impl MlaScratch {
 }
 
 /// A scratch of `scratches` that no other task holds (the caller keeps one per pool thread,
-/// so one is always free; the loop only covers a lock released a moment late).
-pub(super) fn free_scratch(scratches: &[Mutex<MlaScratch>]) -> MutexGuard<'_, MlaScratch> {
+/// so one is always free; the loop only covers a lock released a moment late). A scratch
+/// left by a panicked task is handed out as it is: every user overwrites or resets it.
+pub(super) fn free_scratch<T>(scratches: &[Mutex<T>]) -> MutexGuard<'_, T> {
     loop {
         let free = scratches.iter().find_map(|m| match m.try_lock() {
             Ok(s) => Some(s),
-            // A task that panicked left a scratch that `attend` resets anyway.
             Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
             Err(TryLockError::WouldBlock) => None,
         });
@@ -190,6 +240,8 @@ pub(super) fn free_scratch(scratches: &[Mutex<MlaScratch>]) -> MutexGuard<'_, Ml
 /// Where one token's keys are: rows `0..n_keys` of `layer` of the sequence with `table`.
 #[derive(Clone, Copy)]
 pub(super) struct Keys<'a> {
+    /// Which sequence of the batch (a chunk's tokens are consecutive positions).
+    pub seq: usize,
     pub kv: &'a LatentKvCache,
     pub layer: usize,
     pub table: &'a [u32],
@@ -419,13 +471,15 @@ mod tests {
                 .collect();
             let q = values(n_keys.len() * nh * qk, 7);
             let keys = |t: usize| Keys {
+                seq: t,
                 kv: &kv,
                 layer: 1,
                 table: &table,
                 n_keys: n_keys[t],
             };
             let mut got = vec![0f32; n_keys.len() * nh * vd];
-            attend_batch(&c, heads, &q, keys, &mut bufs, &mut got);
+            let kv_b_m = QMatrix::from_f32(kv_b.len() / r, r, &kv_b);
+            attend_batch(&c, heads, &kv_b_m, &q, keys, &mut bufs, &mut got);
             for (t, &nk) in n_keys.iter().enumerate() {
                 let mut want = vec![0f32; nh * vd];
                 attend_ref(&c, &kv_b, &q[t * nh * qk..][..nh * qk], keys(t), &mut want);
@@ -441,5 +495,100 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The largest `|got − want|` of two outputs, and the largest `|want|`.
+    fn worst_and_peak(got: &[f32], want: &[f32]) -> (f32, f32) {
+        let peak = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let worst = got
+            .iter()
+            .zip(want)
+            .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
+        (worst, peak)
+    }
+
+    #[test]
+    fn runs_take_the_cheaper_form_and_match_reference() {
+        // (sequence, first key count, tokens): a decode, a prefill chunk over a long prefix
+        // (two key blocks, three query tiles, the last partial), a few speculative tokens, a
+        // first chunk, a decode at the end of the cache.
+        let runs = [
+            (0, 300, 1, false),
+            (1, 201, 150, true),
+            (2, 296, 5, false),
+            (3, 1, 70, true),
+            (4, 384, 1, false),
+        ];
+        for ((nh, r), dtype) in [(3, 16), (2, 40)]
+            .into_iter()
+            .flat_map(|s| KvDtype::ALL.map(|d| (s, d)))
+        {
+            let c = cfg(nh, r);
+            let (qk, vd) = (c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim);
+            let kv_b = values(nh * (c.qk_nope_head_dim + vd) * r, 3);
+            let mut kv = LatentKvCache::with_dtype(2, c.latent_dim(), 6, 64, dtype);
+            let table = [2u32, 5, 0, 4, 1, 3];
+            for pos in 0..384 {
+                let row: Vec<f32> = values(c.latent_dim(), 500 + pos as u32)
+                    .iter()
+                    .map(|v| 4.0 * v)
+                    .collect();
+                kv.write(1, &table, pos, &row);
+            }
+            let toks: Vec<(usize, usize)> = runs
+                .iter()
+                .flat_map(|&(seq, k0, n, expanded)| {
+                    assert_eq!(mla_expanded::pays(&c, n, k0 - 1), expanded, "{seq}");
+                    (0..n).map(move |i| (seq, k0 + i))
+                })
+                .collect();
+            let (k_b, v_b) = HeadMatrices::from_kv_b(&c, &kv_b);
+            let heads = |h| (owned(&k_b, h), owned(&v_b, h));
+            let kv_b_m = QMatrix::from_f32(kv_b.len() / r, r, &kv_b);
+            let q = values(toks.len() * nh * qk, 11);
+            let keys = |t: usize| Keys {
+                seq: toks[t].0,
+                kv: &kv,
+                layer: 1,
+                table: &table,
+                n_keys: toks[t].1,
+            };
+            let mut got = vec![0f32; toks.len() * nh * vd];
+            let mut bufs = MlaBuffers::default();
+            attend_batch(&c, heads, &kv_b_m, &q, keys, &mut bufs, &mut got);
+            for (t, &(seq, nk)) in toks.iter().enumerate() {
+                let mut want = vec![0f32; nh * vd];
+                attend_ref(&c, &kv_b, &q[t * nh * qk..][..nh * qk], keys(t), &mut want);
+                let (worst, peak) = worst_and_peak(&got[t * nh * vd..][..nh * vd], &want);
+                assert!(
+                    worst <= 1e-5 * peak,
+                    "{nh} heads, r {r}, {dtype}, sequence {seq}, {nk} keys: {worst} of {peak}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_expanded_form_pays_for_prefill_chunks_only() {
+        // DeepSeek-V2-Lite's widths: 16 heads, r 512, nope 128, rope 64, v 128.
+        let json = serde_json::json!({
+            "architectures": ["DeepseekV2ForCausalLM"], "num_hidden_layers": 2,
+            "num_attention_heads": 16, "hidden_size": 2048, "vocab_size": 8,
+            "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+            "v_head_dim": 128, "intermediate_size": 4,
+        });
+        let c = DeepSeekConfig::from_hf_config(&json.to_string()).unwrap();
+        assert!(mla_expanded::pays(&c, 2048, 0));
+        assert!(mla_expanded::pays(&c, 2048, 30_000));
+        assert!(mla_expanded::pays(&c, 512, 4096));
+        assert!(!mla_expanded::pays(&c, 1, 400), "a decode");
+        assert!(
+            !mla_expanded::pays(&c, 6, 400),
+            "a decode and 5 speculative tokens"
+        );
+        assert!(
+            !mla_expanded::pays(&c, 64, 32_000),
+            "a short chunk over a long prefix"
+        );
     }
 }

@@ -40,6 +40,7 @@ mod config;
 mod gguf;
 mod latent_kv;
 mod mla;
+mod mla_expanded;
 mod moe;
 mod weights;
 mod workspace;
@@ -48,7 +49,7 @@ use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::glu::matmul_silu_mul;
-use tokenmill_kernels::matmul::matmul;
+use tokenmill_kernels::matmul::{QMatrix, matmul};
 use tokenmill_kernels::ops::{RopeStyle, add_in_place, add_rms_norm, rms_norm, rope_with};
 
 pub use config::{DeepSeekConfig, Routing};
@@ -209,6 +210,7 @@ impl DeepSeekModel {
         let keys = |t: usize| {
             let (ci, pos) = tok_pos[t];
             mla::Keys {
+                seq: ci,
                 kv,
                 layer: l,
                 table: chunks[ci].block_table,
@@ -216,7 +218,12 @@ impl DeepSeekModel {
             }
         };
         let heads = |h| (lw.k_b.view(h, store), lw.v_b.view(h, store));
-        mla::attend_batch(c, heads, &d.q, keys, &mut d.mla, out);
+        let kv_b = QMatrix::from_f32(
+            nh * (c.qk_nope_head_dim + c.v_head_dim),
+            c.kv_lora_rank,
+            &lw.kv_b,
+        );
+        mla::attend_batch(c, heads, &kv_b, &d.q, keys, &mut d.mla, out);
         stop(prof, OpKind::Attention, t);
         let t = start(prof);
         let proj = resize(&mut ws.proj, n_tok * c.hidden);

@@ -3,7 +3,8 @@
 //! Matrices stay mapped ([`Linear`]); norms and the router are dequantized once.
 //! `kv_b_proj` (rows `h·(nope+v) ..+nope` are `W_UK_h`, the next `v` rows `W_UV_h`, each
 //! `[·, kv_lora_rank]`) becomes MLA's per-head matrices for weight absorption
-//! ([`HeadMatrices::from_kv_b`]: `W_UK_hᵀ` transposed once at load, `W_UV_h` as it is).
+//! ([`HeadMatrices::from_kv_b`]: `W_UK_hᵀ` transposed once at load, `W_UV_h` as it is), and
+//! is also kept whole as f32 for the expanded form that prefill runs ([`expansion_matrix`]).
 
 use tokenmill_kernels::matmul::QMatrix;
 
@@ -56,6 +57,37 @@ impl HeadMatrices {
     }
 }
 
+/// `kv_b_proj` `[H·(nope + v), r]` as f32 (head `h`'s rows: `W_UK_h` `[nope, r]`, then
+/// `W_UV_h` `[v, r]`), rebuilt from the per-head matrices in whatever type they are stored:
+/// the matrix that expands cached latents into per-head keys and values
+/// (`super::mla_expanded`). A GGUF stores `W_UK_h` transposed, so this is the one place its
+/// rows are turned back. Costs `H·(nope + v)·r·4` bytes a layer (8 MiB at V2-Lite's widths).
+pub fn expansion_matrix(
+    c: &DeepSeekConfig,
+    k_b: &HeadMatrices,
+    v_b: &HeadMatrices,
+    store: &WeightStore,
+) -> Vec<f32> {
+    let (nh, nope, v, r) = (c.n_heads, c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank);
+    let mut kv_b = vec![0f32; nh * (nope + v) * r];
+    let mut row = vec![0f32; nope];
+    for (h, head) in kv_b.chunks_exact_mut((nope + v) * r).enumerate() {
+        let (w_uk, w_uv) = head.split_at_mut(nope * r);
+        let k = k_b.view(h, store); // [r, nope]
+        for j in 0..r {
+            k.dequantize_row_into(j, &mut row);
+            for (d, &w) in row.iter().enumerate() {
+                w_uk[d * r + j] = w;
+            }
+        }
+        let vm = v_b.view(h, store); // [v, r]
+        for (i, dst) in w_uv.chunks_exact_mut(r).enumerate() {
+            vm.dequantize_row_into(i, dst);
+        }
+    }
+    kv_b
+}
+
 pub enum QProj {
     Full(Linear),
     /// `q = W_qb · rms_norm(W_qa · x)`
@@ -95,6 +127,8 @@ pub struct Layer {
     /// `W_UK_hᵀ` `[kv_lora_rank, nope]` and `W_UV_h` `[v, kv_lora_rank]` per head.
     pub k_b: HeadMatrices,
     pub v_b: HeadMatrices,
+    /// `kv_b_proj` `[H·(nope + v), kv_lora_rank]` in f32 ([`expansion_matrix`]).
+    pub kv_b: Vec<f32>,
     pub o: Linear,
     pub ffn_norm: Vec<f32>,
     pub ffn: Ffn,
@@ -163,6 +197,7 @@ fn layer(s: &WeightStore, c: &DeepSeekConfig, l: usize) -> Result<Layer, ModelEr
     )?;
     let (k_b, v_b) = HeadMatrices::from_kv_b(c, &kv_b);
     Ok(Layer {
+        kv_b,
         attn_norm: s.dense(&n("input_layernorm.weight"), &[h])?,
         q,
         kv_a: s.linear(&n("self_attn.kv_a_proj_with_mqa.weight"), c.latent_dim(), h)?,

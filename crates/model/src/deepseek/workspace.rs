@@ -49,7 +49,7 @@ impl DeepSeekBuffers {
             latent: buf(cfg.latent_dim()),
             attn: buf(t * nh * cfg.v_head_dim),
             ffn: buf(t * cfg.ffn_hidden),
-            mla: MlaBuffers::new(cfg, compute_pool().num_threads()),
+            mla: MlaBuffers::new(cfg, t, compute_pool().num_threads()),
             moe: MoeScratch::new(cfg, t),
         }
     }

@@ -1,0 +1,241 @@
+//! MLA of a prefill run in the expanded form: the cached latents are expanded into per-head
+//! keys and values once per run, and the run's queries attend to them as plain multi-head
+//! attention (DeepSeek-V2, <https://arxiv.org/abs/2405.04434>, §2.1, before absorption).
+//!
+//! With `kv_b` `[H·(nope + v), r]` (head `h`: `W_UK_h`, then `W_UV_h`) and a cached row
+//! `[c_j (r), k_pe_j (rope)]`:
+//! ```text
+//! k_hj = [W_UK_h · c_j, k_pe_j]                     [nope + rope]
+//! v_hj = W_UV_h · c_j                               [v]
+//! out_h = Σ_j softmax_j(scale · [q_nope_h, q_pe_h] · k_hj) · v_hj
+//! ```
+//! The absorbed form ([`super::mla`]) scores a key with `H·(2r + rope)` multiply-adds a query
+//! token and expands nothing; this form costs `H·(nope + rope + v)` a (query, key) pair — 3.4×
+//! fewer at V2-Lite's widths — plus `H·(nope + v)·r` a key to expand it, once for the whole
+//! run. [`pays`] compares the two counts: a prefill chunk of many tokens runs expanded, a
+//! decode token or a few speculative tokens over a long context run absorbed.
+//!
+//! [`attend_run`] sweeps the keys in blocks of [`KEY_BLOCK`] (so its buffers are bounded
+//! whatever the context): the block's latents are gathered from the paged cache, expanded by
+//! one matmul (`kv_b` on the pool), each head's keys laid out contiguously, and then every
+//! (head, tile of [`QUERY_TILE`] queries) task takes one online-softmax step (FlashAttention,
+//! <https://arxiv.org/abs/2205.14135>) over the block: the scores by the tier's `dot_rows`,
+//! a causal mask for the keys past each query's position, and `O += P · V` by `acc_rows`,
+//! reading the values in place in the expanded block. The running max, sum and output of
+//! every (head, query) live in one state buffer, a task's tile side by side, so the tasks
+//! split it without sharing.
+
+use std::sync::Mutex;
+
+use tokenmill_kernels::attention::{AccRows, DotRows};
+use tokenmill_kernels::dispatch::kernels;
+use tokenmill_kernels::matmul::{QMatrix, matmul};
+use tokenmill_kernels::pool::parallel_chunks_mut;
+
+use super::config::DeepSeekConfig;
+use super::mla::{Keys, free_scratch};
+use crate::compute_pool;
+use crate::workspace::resize;
+
+/// Key positions expanded and attended per step.
+pub(super) const KEY_BLOCK: usize = 256;
+
+/// Query tokens of one head per task.
+pub(super) const QUERY_TILE: usize = 64;
+
+/// Whether a run of `t` tokens of one sequence, after `p` cached keys, costs fewer
+/// multiply-adds expanded than absorbed. Both forms project every query's nope part or output
+/// once (absorbed: `W_UK_hᵀ`, `W_UV_h` a token; expanded: `kv_b` a key, `p + t` keys), and they
+/// differ per scored pair; so the expanded form pays when
+/// `p · H·(nope + v)·r < pairs · H·(2r − nope − v)`, `pairs = t·p + t(t + 1)/2`.
+pub(super) fn pays(cfg: &DeepSeekConfig, t: usize, p: usize) -> bool {
+    let (nope, v, r) = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
+    let per_pair = (2 * r).saturating_sub(nope + v);
+    let pairs = t * p + t * (t + 1) / 2;
+    p * (nope + v) * r < pairs * per_pair
+}
+
+/// The buffers of [`attend_run`] (grow-only).
+#[derive(Debug, Default)]
+pub(crate) struct ExpandedBuffers {
+    /// A block of cached rows as f32 `[KEY_BLOCK, r + rope]`.
+    lat: Vec<f32>,
+    /// Their latents, contiguous `[KEY_BLOCK, r]` (the expansion's input).
+    c: Vec<f32>,
+    /// The expanded block `[KEY_BLOCK, H·(nope + v)]`.
+    kvx: Vec<f32>,
+    /// Each head's keys `[H, KEY_BLOCK, nope + rope]`.
+    keys: Vec<f32>,
+    /// Per (head, query tile): outputs `[QUERY_TILE, v]`, then max and sum `[QUERY_TILE]` each.
+    state: Vec<f32>,
+    /// A task's scores `[QUERY_TILE, KEY_BLOCK]`, one per pool thread.
+    scores: Vec<Mutex<Vec<f32>>>,
+}
+
+impl ExpandedBuffers {
+    /// Capacity for runs of up to `max_tokens` tokens of `cfg` on a pool of `threads`.
+    pub(super) fn new(cfg: &DeepSeekConfig, max_tokens: usize, threads: usize) -> Self {
+        let (nh, nope, v) = (cfg.n_heads, cfg.qk_nope_head_dim, cfg.v_head_dim);
+        let kb = KEY_BLOCK;
+        ExpandedBuffers {
+            lat: Vec::with_capacity(kb * cfg.latent_dim()),
+            c: Vec::with_capacity(kb * cfg.kv_lora_rank),
+            kvx: Vec::with_capacity(kb * nh * (nope + v)),
+            keys: Vec::with_capacity(nh * kb * (nope + cfg.qk_rope_head_dim)),
+            state: Vec::with_capacity(nh * state_len(max_tokens, v)),
+            scores: (0..threads)
+                .map(|_| Mutex::new(vec![0.0; QUERY_TILE * kb]))
+                .collect(),
+        }
+    }
+}
+
+/// One head's state for `t` query tokens: whole tiles of `[QUERY_TILE, v + 2]`.
+fn state_len(t: usize, v: usize) -> usize {
+    t.div_ceil(QUERY_TILE) * QUERY_TILE * (v + 2)
+}
+
+/// `out` `[T, H·v]` = MLA of a run of `T` consecutive tokens of one sequence with queries `q`
+/// `[T, H·(nope + rope)]` (rope parts rotated), the first token's keys `first` (the run's
+/// rows already in the cache) and the layer's `kv_b` ([`super::weights::expansion_matrix`]).
+pub(super) fn attend_run(
+    cfg: &DeepSeekConfig,
+    kv_b: &QMatrix<'_>,
+    q: &[f32],
+    first: Keys<'_>,
+    b: &mut ExpandedBuffers,
+    out: &mut [f32],
+) {
+    let (nh, nope, rope, vd, r) = (
+        cfg.n_heads,
+        cfg.qk_nope_head_dim,
+        cfg.qk_rope_head_dim,
+        cfg.v_head_dim,
+        cfg.kv_lora_rank,
+    );
+    let (qk, w, d) = (nope + rope, nope + vd, cfg.latent_dim());
+    let n_tok = q.len() / (nh * qk);
+    let p0 = first.n_keys - 1; // the first token's position
+    let pool = compute_pool();
+    if b.scores.len() < pool.num_threads() {
+        let blank = || Mutex::new(vec![0.0; QUERY_TILE * KEY_BLOCK]);
+        b.scores.resize_with(pool.num_threads(), blank);
+    }
+    let n_tiles = n_tok.div_ceil(QUERY_TILE);
+    let tile_len = QUERY_TILE * (vd + 2);
+    let state = resize(&mut b.state, nh * state_len(n_tok, vd));
+    for st in state.chunks_exact_mut(tile_len) {
+        let (o, ml) = st.split_at_mut(QUERY_TILE * vd);
+        o.fill(0.0);
+        ml[..QUERY_TILE].fill(f32::NEG_INFINITY);
+        ml[QUERY_TILE..].fill(0.0);
+    }
+    let total = p0 + n_tok;
+    for j0 in (0..total).step_by(KEY_BLOCK) {
+        let n = KEY_BLOCK.min(total - j0);
+        let lat = resize(&mut b.lat, n * d);
+        first.kv.gather(first.layer, first.table, j0, lat);
+        let c = resize(&mut b.c, n * r);
+        for (dst, row) in c.chunks_exact_mut(r).zip(lat.chunks_exact(d)) {
+            dst.copy_from_slice(&row[..r]);
+        }
+        let kvx = resize(&mut b.kvx, n * nh * w);
+        matmul(c, kv_b, kvx);
+        let keys = resize(&mut b.keys, nh * n * qk);
+        let (kvx, lat) = (&*kvx, &*lat);
+        parallel_chunks_mut(pool, keys, n * qk, |h, kh| {
+            for ((dst, x), row) in kh
+                .chunks_exact_mut(qk)
+                .zip(kvx.chunks_exact(nh * w))
+                .zip(lat.chunks_exact(d))
+            {
+                dst[..nope].copy_from_slice(&x[h * w..][..nope]);
+                dst[nope..].copy_from_slice(&row[r..]);
+            }
+        });
+        let (keys, scores) = (&*keys, &b.scores);
+        parallel_chunks_mut(pool, state, tile_len, |i, st| {
+            let (h, tile) = (i / n_tiles, i % n_tiles);
+            let t0 = tile * QUERY_TILE;
+            let rows = QUERY_TILE.min(n_tok - t0);
+            let last = p0 + t0 + rows - 1; // the tile's last query position
+            if j0 > last {
+                return; // the whole block is in the tile's future
+            }
+            let n_eff = n.min(last + 1 - j0);
+            let mut s = free_scratch(scores);
+            let shape = DotRows {
+                rows,
+                n: n_eff,
+                cols: qk,
+                q_stride: nh * qk,
+                k_stride: qk,
+                s_stride: KEY_BLOCK,
+            };
+            let qh = &q[t0 * nh * qk + h * qk..];
+            kernels().dot_rows(&shape, &mut s, qh, &keys[h * n * qk..][..n * qk]);
+            let (o, ml) = st.split_at_mut(QUERY_TILE * vd);
+            let (m, l) = ml.split_at_mut(QUERY_TILE);
+            for (i, (srow, orow)) in s
+                .chunks_exact_mut(KEY_BLOCK)
+                .zip(o.chunks_exact_mut(vd))
+                .take(rows)
+                .enumerate()
+            {
+                // Keys j0.. up to this query's own position.
+                let valid = (p0 + t0 + i + 1).saturating_sub(j0).min(n_eff);
+                online_step(
+                    &mut srow[..n_eff],
+                    valid,
+                    cfg.attn_scale,
+                    &mut m[i],
+                    &mut l[i],
+                    orow,
+                );
+            }
+            let pv = AccRows {
+                rows,
+                cols: vd,
+                n: n_eff,
+                p_stride: KEY_BLOCK,
+                x_stride: nh * w,
+            };
+            kernels().acc_rows(&pv, &mut o[..rows * vd], &s, &kvx[h * w + nope..]);
+        });
+    }
+    for (t, ot) in out.chunks_exact_mut(nh * vd).enumerate().take(n_tok) {
+        let (tile, i) = (t / QUERY_TILE, t % QUERY_TILE);
+        for (h, oh) in ot.chunks_exact_mut(vd).enumerate() {
+            let st = &state[(h * n_tiles + tile) * tile_len..][..tile_len];
+            let inv = 1.0 / st[QUERY_TILE * vd + QUERY_TILE + i];
+            for (dst, &acc) in oh.iter_mut().zip(&st[i * vd..][..vd]) {
+                *dst = acc * inv;
+            }
+        }
+    }
+}
+
+/// One query's online-softmax step over a block's raw scores `s` (the first `valid` are its
+/// keys, the rest are in its future): `s` becomes the weights `e^(scale·s − m')` (0 past
+/// `valid`), the running max `m` and sum `l` are updated, and `o` is rescaled by
+/// `e^(m − m')` before the block's values are added.
+fn online_step(s: &mut [f32], valid: usize, scale: f32, m: &mut f32, l: &mut f32, o: &mut [f32]) {
+    let (keys, future) = s.split_at_mut(valid);
+    future.fill(0.0);
+    if keys.is_empty() {
+        return;
+    }
+    keys.iter_mut().for_each(|v| *v *= scale);
+    let m_new = keys.iter().copied().fold(*m, f32::max);
+    let corr = (*m - m_new).exp();
+    let mut sum = 0.0;
+    for v in keys.iter_mut() {
+        *v = (*v - m_new).exp();
+        sum += *v;
+    }
+    if corr != 1.0 {
+        o.iter_mut().for_each(|x| *x *= corr);
+    }
+    *l = *l * corr + sum;
+    *m = m_new;
+}
