@@ -557,6 +557,24 @@ impl Kernels {
         unsafe { (self.fns.silu_mul)(gate, up, out) }
     }
 
+    /// One online-softmax step over a row of raw scores, in base 2 (see
+    /// [`SoftmaxStepFn`](crate::simd::attn::SoftmaxStepFn)): the first `valid` of `s` become
+    /// the weights `2^(scale·s − m')`, the rest 0; `m`, `l` are updated and the factor the
+    /// row's output is to be scaled by is returned. Panics if `valid > s.len()`.
+    #[inline]
+    pub fn softmax_step(
+        &self,
+        s: &mut [f32],
+        valid: usize,
+        scale: f32,
+        m: &mut f32,
+        l: &mut f32,
+    ) -> f32 {
+        assert!(valid <= s.len(), "{valid} valid scores of {}", s.len());
+        // SAFETY: length checked above; `Kernels::new` checked the tier's CPU features.
+        unsafe { (self.fns.softmax_step)(s, valid, scale, m, l) }
+    }
+
     /// `o[h][c] += Σ_{j<n} p[h·p_stride + j] · x[j·x_stride + c]` for every row `h` and
     /// column `c` of `o` (row-major `[s.rows, s.cols]`; see [`AccRows`]). Panics if a slice is
     /// too short for the shape.

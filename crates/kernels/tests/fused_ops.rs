@@ -7,7 +7,11 @@
 //!   (~1.3e-6 at `|g| = 30`, where the gate is ~1e-12 anyway);
 //! * `acc_rows` (MLA's `O += P · X` over strided rows) against an f64 reference, within
 //!   `(n + 1) · 2^-23` of the sum of absolute terms; `dot_rows` (MLA's scores `Q · Kᵀ`)
-//!   likewise, within `(cols + 1) · 2^-23`.
+//!   likewise, within `(cols + 1) · 2^-23`;
+//! * `softmax_step` (MLA's online softmax over a row of scores) against the exact step in
+//!   f64: the max exactly, weights, correction and sum within a relative `2e-6` (the f32
+//!   argument of `2^x` costs `|x| · 2^-24 · ln 2` relative), weights below `2^-64` flushed to
+//!   0, and the keys past `valid` zeroed.
 
 use tokenmill_kernels::dispatch::{Kernels, Tier};
 use tokenmill_kernels::matmul::{QMatrix, matmul_multi_with, matmul_with};
@@ -204,6 +208,80 @@ fn dot_rows_tiers_match_reference() {
                         "{tier} {rows}x{n}x{cols} [{i}][{j}]: {got} vs {sum}"
                     );
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn softmax_step_tiers_match_reference() {
+    let mut rng = SplitMix64::new(9);
+    for tier in Tier::ALL {
+        if !Tier::supported().contains(&tier) {
+            eprintln!(
+                "skipped: softmax_step_tiers_match_reference: tier {tier} (this CPU lacks it)"
+            );
+        }
+    }
+    let scale = 0.125 * std::f32::consts::LOG2_E;
+    for (len, valid) in [
+        (1, 0),
+        (1, 1),
+        (5, 3),
+        (16, 16),
+        (17, 17),
+        (40, 33),
+        (256, 200),
+        (300, 300),
+    ] {
+        for (m0, l0) in [(f32::NEG_INFINITY, 0.0), (-3.0, 1.5), (40.0, 7.0)] {
+            let mut raw: Vec<f32> = (0..len).map(|_| rng.uniform(-60.0, 60.0)).collect();
+            if valid > 2 {
+                raw[1] = -2000.0; // weight below 2^-64 of the max: flushed to exactly 0
+            }
+            // The exact step in f64.
+            let xs: Vec<f64> = raw[..valid].iter().map(|&s| (s * scale) as f64).collect();
+            let m_want = xs.iter().copied().fold(m0 as f64, f64::max);
+            let p_want: Vec<f64> = xs.iter().map(|x| (x - m_want).exp2()).collect();
+            let corr_want = if valid == 0 {
+                1.0
+            } else {
+                (m0 as f64 - m_want).exp2()
+            };
+            let l_want = l0 as f64 * corr_want + p_want.iter().sum::<f64>();
+            for tier in Tier::supported() {
+                let (mut s, mut m, mut l) = (raw.clone(), m0, l0);
+                let corr = Kernels::new(tier)
+                    .unwrap()
+                    .softmax_step(&mut s, valid, scale, &mut m, &mut l);
+                let what = format!("{tier}, {valid} of {len} valid, m {m0}, l {l0}");
+                assert!(
+                    s[valid..].iter().all(|&v| v == 0.0),
+                    "{what}: future keys not zeroed"
+                );
+                assert_eq!(m as f64, m_want.max(m0 as f64), "{what}: max");
+                let close = |got: f32, want: f64| {
+                    let tiny = want < 2f64.powi(-64);
+                    if tiny {
+                        got == 0.0 || (got as f64) < 2f64.powi(-60)
+                    } else {
+                        (got as f64 - want).abs() <= 2e-6 * want
+                    }
+                };
+                for (j, (&got, &want)) in s.iter().zip(&p_want).enumerate() {
+                    assert!(close(got, want), "{what}: weight {j}: {got} vs {want}");
+                }
+                if valid > 2 {
+                    assert_eq!(s[1], 0.0, "{what}: a weight below 2^-64 is flushed");
+                }
+                assert!(
+                    close(corr, corr_want),
+                    "{what}: correction {corr} vs {corr_want}"
+                );
+                assert!(
+                    (l as f64 - l_want).abs() <= 2e-6 * l_want,
+                    "{what}: sum {l} vs {l_want}"
+                );
             }
         }
     }

@@ -159,6 +159,49 @@ pub unsafe fn dot_rows(d: &DotRows, s: &mut [f32], q: &[f32], k: &[f32]) {
     }
 }
 
+/// One online-softmax step over a row of raw scores ([`SoftmaxStepFn`]), in base 2:
+/// `x_j = scale · s_j` for the row's `valid` keys, `m' = max(m, max_j x_j)`,
+/// `s_j = 2^(x_j − m')` ([`exp2`], flushed below [`EXP2_FLUSH`]), `s_j = 0` past `valid`,
+/// `l' = l · 2^(m − m') + Σ_j s_j`; returns the correction `2^(m − m')` the caller scales its
+/// output by (`1` when `valid == 0`, which changes nothing but the zeroed scores). The caller
+/// passes `scale` pre-multiplied by `log2(e)`, so the weights are those of `e^(scale·s)`.
+///
+/// # Safety
+///
+/// `valid <= s.len()`, and the CPU supports the tier's features.
+pub type SoftmaxStepFn =
+    unsafe fn(s: &mut [f32], valid: usize, scale: f32, m: &mut f32, l: &mut f32) -> f32;
+
+/// Scalar tier of [`SoftmaxStepFn`] (the reference): in order, one key at a time.
+///
+/// # Safety
+///
+/// As [`SoftmaxStepFn`].
+pub unsafe fn softmax_step(
+    s: &mut [f32],
+    valid: usize,
+    scale: f32,
+    m: &mut f32,
+    l: &mut f32,
+) -> f32 {
+    let (keys, future) = s.split_at_mut(valid);
+    future.fill(0.0);
+    if keys.is_empty() {
+        return 1.0;
+    }
+    keys.iter_mut().for_each(|v| *v *= scale);
+    let m_new = keys.iter().copied().fold(*m, f32::max);
+    let mut sum = 0.0;
+    for v in keys.iter_mut() {
+        *v = exp2(*v - m_new);
+        sum += *v;
+    }
+    let corr = exp2(*m - m_new);
+    *l = *l * corr + sum;
+    *m = m_new;
+    corr
+}
+
 /// Scalar tier of [`AttnTileFn`]: the canonical order in plain f32 (multiply, then add), keys
 /// and values widened from `E` as they are read.
 ///

@@ -131,6 +131,8 @@ pub struct TierFns {
     pub acc_rows: attn::AccRowsFn,
     /// Small `S = Q · Kᵀ` over strided rows (MLA's scores).
     pub dot_rows: attn::DotRowsFn,
+    /// One online-softmax step over a row of scores (MLA's attention).
+    pub softmax_step: attn::SoftmaxStepFn,
     /// The AMX matmul of Rows16 weights (the AMX tier only).
     #[cfg(target_arch = "x86_64")]
     pub amx: Option<AmxFns>,

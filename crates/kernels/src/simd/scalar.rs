@@ -304,6 +304,7 @@ pub fn fns() -> TierFns {
         silu_mul: super::attn::silu_mul,
         acc_rows: super::attn::acc_rows,
         dot_rows: super::attn::dot_rows,
+        softmax_step: super::attn::softmax_step,
         #[cfg(target_arch = "x86_64")]
         amx: None,
     }

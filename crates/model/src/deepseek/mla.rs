@@ -23,13 +23,16 @@
 //! scoring a tile for all heads while its rows are in cache, with the online softmax
 //! (FlashAttention, <https://arxiv.org/abs/2205.14135>): a running max `m_h` and sum `l_h`
 //! per head, `o_h` rescaled by `e^(m_old − m_new)` when the max grows, divided by `l_h` at the
-//! end. Each tile's rows are gathered from the paged cache into one f32 matrix (an f16
+//! end (the tier's `softmax_step`, in base 2). Each tile's rows are gathered from the paged cache into one f32 matrix (an f16
 //! cache's widened exactly; [`LatentKvCache::gather`]), and both passes over it are small
 //! products for all heads at once through the tier's register-blocked kernels: the scores
 //! `S = Q_cat · tileᵀ` `[H, n]` by `dot_rows` (4 heads × 4 keys summed in registers along the
 //! latent), and `O += P · C` `[H, r]` by `acc_rows` (4 heads × 2 vectors of `o` held in
 //! registers over the tile's keys). The scratch is an [`MlaScratch`] of fixed size (no
 //! allocation, whatever the context length).
+//!
+//! Prefill chunks take the expanded form instead ([`super::mla_expanded`]), where it costs
+//! fewer multiply-adds ([`attend_batch`]).
 //!
 //! `attend_ref` is the reference twin (tests only): the plain loops — one head at a time,
 //! two separate dots per score, an exact two-pass softmax over all scores, `kv_b` as one f32
@@ -325,26 +328,17 @@ fn attend_tile(cfg: &DeepSeekConfig, tile: &[f32], s: &mut HeadState) {
         s_stride: KEY_TILE,
     };
     kernels().dot_rows(&scores, &mut s.scores, &s.q_cat, tile);
+    let log2_scale = cfg.attn_scale * std::f32::consts::LOG2_E; // weights as powers of 2
     for (hd, (sh, o_lat)) in s
         .scores
         .chunks_exact_mut(KEY_TILE)
         .zip(s.o_lat.chunks_exact_mut(r))
         .enumerate()
     {
-        let sh = &mut sh[..n];
-        sh.iter_mut().for_each(|v| *v *= cfg.attn_scale);
-        let m_new = sh.iter().copied().fold(s.m[hd], f32::max);
-        let corr = (s.m[hd] - m_new).exp();
-        let mut sum = 0.0;
-        for v in sh.iter_mut() {
-            *v = (*v - m_new).exp();
-            sum += *v;
-        }
+        let corr = kernels().softmax_step(&mut sh[..n], n, log2_scale, &mut s.m[hd], &mut s.l[hd]);
         if corr != 1.0 {
             scale(o_lat, corr);
         }
-        s.l[hd] = s.l[hd] * corr + sum;
-        s.m[hd] = m_new;
     }
     // o_lat[h] += Σ_j p[h][j] · c_j (the tier's register-blocked kernel)
     let shape = AccRows {

@@ -17,17 +17,19 @@
 //!
 //! [`attend_run`] sweeps the keys in blocks of [`KEY_BLOCK`] (so its buffers are bounded
 //! whatever the context): the block's latents are gathered from the paged cache, expanded by
-//! one matmul (`kv_b` on the pool), each head's keys laid out contiguously, and then every
-//! (head, tile of [`QUERY_TILE`] queries) task takes one online-softmax step (FlashAttention,
-//! <https://arxiv.org/abs/2205.14135>) over the block: the scores by the tier's `dot_rows`,
-//! a causal mask for the keys past each query's position, and `O += P · V` by `acc_rows`,
-//! reading the values in place in the expanded block. The running max, sum and output of
+//! one matmul (`kv_b` on the pool), each head's keys transposed, and then every (head, tile
+//! of [`QUERY_TILE`] queries) task takes one online-softmax step (FlashAttention,
+//! <https://arxiv.org/abs/2205.14135>) over the block: the scores `S = Q · Kᵀ` and then
+//! `O += P · V` both by the tier's register-blocked `acc_rows` (an element of the left
+//! operand broadcast against vectors of the right one's rows), with a causal mask for the
+//! keys past each query's position between them; the values are read in place in the
+//! expanded block. The running max, sum and output of
 //! every (head, query) live in one state buffer, a task's tile side by side, so the tasks
 //! split it without sharing.
 
 use std::sync::Mutex;
 
-use tokenmill_kernels::attention::{AccRows, DotRows};
+use tokenmill_kernels::attention::AccRows;
 use tokenmill_kernels::dispatch::kernels;
 use tokenmill_kernels::matmul::{QMatrix, matmul};
 use tokenmill_kernels::pool::parallel_chunks_mut;
@@ -64,11 +66,11 @@ pub(crate) struct ExpandedBuffers {
     c: Vec<f32>,
     /// The expanded block `[KEY_BLOCK, H·(nope + v)]`.
     kvx: Vec<f32>,
-    /// Each head's keys `[H, KEY_BLOCK, nope + rope]`.
+    /// Each head's keys, transposed `[H, nope + rope, KEY_BLOCK]`.
     keys: Vec<f32>,
     /// Per (head, query tile): outputs `[QUERY_TILE, v]`, then max and sum `[QUERY_TILE]` each.
     state: Vec<f32>,
-    /// A task's scores `[QUERY_TILE, KEY_BLOCK]`, one per pool thread.
+    /// A task's scores `[QUERY_TILE, ≤ KEY_BLOCK]`, one per pool thread.
     scores: Vec<Mutex<Vec<f32>>>,
 }
 
@@ -131,6 +133,7 @@ pub(super) fn attend_run(
         ml[QUERY_TILE..].fill(0.0);
     }
     let total = p0 + n_tok;
+    let log2_scale = cfg.attn_scale * std::f32::consts::LOG2_E; // weights as powers of 2
     for j0 in (0..total).step_by(KEY_BLOCK) {
         let n = KEY_BLOCK.min(total - j0);
         let lat = resize(&mut b.lat, n * d);
@@ -141,16 +144,21 @@ pub(super) fn attend_run(
         }
         let kvx = resize(&mut b.kvx, n * nh * w);
         matmul(c, kv_b, kvx);
+        // Head h's keys transposed, `[nope + rope, n]`: the scores are then `S = Q · Kᵀ` as
+        // an `acc_rows` product (query elements broadcast against rows of keys, no sums
+        // across lanes).
         let keys = resize(&mut b.keys, nh * n * qk);
         let (kvx, lat) = (&*kvx, &*lat);
         parallel_chunks_mut(pool, keys, n * qk, |h, kh| {
-            for ((dst, x), row) in kh
-                .chunks_exact_mut(qk)
-                .zip(kvx.chunks_exact(nh * w))
+            for (j, (x, row)) in kvx
+                .chunks_exact(nh * w)
                 .zip(lat.chunks_exact(d))
+                .enumerate()
             {
-                dst[..nope].copy_from_slice(&x[h * w..][..nope]);
-                dst[nope..].copy_from_slice(&row[r..]);
+                let k = x[h * w..][..nope].iter().chain(&row[r..]);
+                for (c, &v) in k.enumerate() {
+                    kh[c * n + j] = v;
+                }
             }
         });
         let (keys, scores) = (&*keys, &b.scores);
@@ -164,43 +172,39 @@ pub(super) fn attend_run(
             }
             let n_eff = n.min(last + 1 - j0);
             let mut s = free_scratch(scores);
-            let shape = DotRows {
+            let s = &mut s[..rows * n_eff]; // [rows, n_eff]
+            s.fill(0.0);
+            let qk_t = AccRows {
                 rows,
-                n: n_eff,
-                cols: qk,
-                q_stride: nh * qk,
-                k_stride: qk,
-                s_stride: KEY_BLOCK,
+                cols: n_eff,
+                n: qk,
+                p_stride: nh * qk,
+                x_stride: n,
             };
             let qh = &q[t0 * nh * qk + h * qk..];
-            kernels().dot_rows(&shape, &mut s, qh, &keys[h * n * qk..][..n * qk]);
+            kernels().acc_rows(&qk_t, s, qh, &keys[h * n * qk..][..n * qk]);
             let (o, ml) = st.split_at_mut(QUERY_TILE * vd);
             let (m, l) = ml.split_at_mut(QUERY_TILE);
             for (i, (srow, orow)) in s
-                .chunks_exact_mut(KEY_BLOCK)
+                .chunks_exact_mut(n_eff)
                 .zip(o.chunks_exact_mut(vd))
-                .take(rows)
                 .enumerate()
             {
                 // Keys j0.. up to this query's own position.
                 let valid = (p0 + t0 + i + 1).saturating_sub(j0).min(n_eff);
-                online_step(
-                    &mut srow[..n_eff],
-                    valid,
-                    cfg.attn_scale,
-                    &mut m[i],
-                    &mut l[i],
-                    orow,
-                );
+                let corr = kernels().softmax_step(srow, valid, log2_scale, &mut m[i], &mut l[i]);
+                if corr != 1.0 {
+                    orow.iter_mut().for_each(|x| *x *= corr);
+                }
             }
             let pv = AccRows {
                 rows,
                 cols: vd,
                 n: n_eff,
-                p_stride: KEY_BLOCK,
+                p_stride: n_eff,
                 x_stride: nh * w,
             };
-            kernels().acc_rows(&pv, &mut o[..rows * vd], &s, &kvx[h * w + nope..]);
+            kernels().acc_rows(&pv, &mut o[..rows * vd], s, &kvx[h * w + nope..]);
         });
     }
     for (t, ot) in out.chunks_exact_mut(nh * vd).enumerate().take(n_tok) {
@@ -213,29 +217,4 @@ pub(super) fn attend_run(
             }
         }
     }
-}
-
-/// One query's online-softmax step over a block's raw scores `s` (the first `valid` are its
-/// keys, the rest are in its future): `s` becomes the weights `e^(scale·s − m')` (0 past
-/// `valid`), the running max `m` and sum `l` are updated, and `o` is rescaled by
-/// `e^(m − m')` before the block's values are added.
-fn online_step(s: &mut [f32], valid: usize, scale: f32, m: &mut f32, l: &mut f32, o: &mut [f32]) {
-    let (keys, future) = s.split_at_mut(valid);
-    future.fill(0.0);
-    if keys.is_empty() {
-        return;
-    }
-    keys.iter_mut().for_each(|v| *v *= scale);
-    let m_new = keys.iter().copied().fold(*m, f32::max);
-    let corr = (*m - m_new).exp();
-    let mut sum = 0.0;
-    for v in keys.iter_mut() {
-        *v = (*v - m_new).exp();
-        sum += *v;
-    }
-    if corr != 1.0 {
-        o.iter_mut().for_each(|x| *x *= corr);
-    }
-    *l = *l * corr + sum;
-    *m = m_new;
 }

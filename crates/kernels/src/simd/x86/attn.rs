@@ -31,7 +31,7 @@ use std::arch::x86_64::*;
 
 use half::f16;
 
-use crate::simd::attn::{AccRows, AttnTile, DotRows, EXP2_FLUSH, KEY_TILE};
+use crate::simd::attn::{AccRows, AttnTile, DotRows, EXP2_FLUSH, KEY_TILE, exp2 as scalar_exp2};
 
 /// An f32 SIMD vector, as much of it as the attention kernels need.
 pub trait F32s: Copy {
@@ -698,5 +698,60 @@ unsafe fn dot_block<S: F32s, const R: usize, const J: usize>(
                 *s.add((i + r) * d.s_stride + j + jj) = v;
             }
         }
+    }
+}
+
+/// [`crate::simd::attn::SoftmaxStepFn`]: the scaling and max `S::N` lanes at a time, then
+/// [`F32s::exp2`] and the sum (lane tree, then the tail's keys in order through the scalar
+/// [`exp2`](crate::simd::attn::exp2)).
+///
+/// # Safety
+///
+/// As [`crate::simd::attn::SoftmaxStepFn`].
+#[inline(always)]
+pub unsafe fn softmax_step<S: F32s>(
+    s: &mut [f32],
+    valid: usize,
+    scale: f32,
+    m: &mut f32,
+    l: &mut f32,
+) -> f32 {
+    let (keys, future) = s.split_at_mut(valid);
+    future.fill(0.0);
+    if keys.is_empty() {
+        return 1.0;
+    }
+    let (p, n) = (keys.as_mut_ptr(), keys.len());
+    let full = n / S::N * S::N;
+    // SAFETY: every offset is below `n`, the length of `keys`.
+    unsafe {
+        let sc = S::splat(scale);
+        let mut mx = S::splat(f32::NEG_INFINITY);
+        for i in (0..full).step_by(S::N) {
+            let v = S::mul(S::load(p.add(i)), sc);
+            v.store(p.add(i));
+            mx = S::max(mx, v);
+        }
+        let mut m_new = mx.hmax().max(*m);
+        for j in full..n {
+            *p.add(j) *= scale;
+            m_new = m_new.max(*p.add(j));
+        }
+        let mv = S::splat(m_new);
+        let mut sum = S::zero();
+        for i in (0..full).step_by(S::N) {
+            let e = S::sub(S::load(p.add(i)), mv).exp2();
+            e.store(p.add(i));
+            sum = S::add(sum, e);
+        }
+        let mut total = sum.hsum();
+        for j in full..n {
+            *p.add(j) = scalar_exp2(*p.add(j) - m_new);
+            total += *p.add(j);
+        }
+        let corr = scalar_exp2(*m - m_new);
+        *l = *l * corr + total;
+        *m = m_new;
+        corr
     }
 }

@@ -190,6 +190,20 @@ macro_rules! tier {
                 unsafe { attn::dot_rows::<$f32s>(d, s, q, k) }
             }
 
+            /// # Safety
+            ///
+            /// As [`crate::simd::attn::SoftmaxStepFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn softmax_step(
+                s: &mut [f32],
+                valid: usize,
+                scale: f32,
+                m: &mut f32,
+                l: &mut f32,
+            ) -> f32 {
+                unsafe { attn::softmax_step::<$f32s>(s, valid, scale, m, l) }
+            }
+
             /// This tier's table: its SIMD kernels, the scalar tier for the rest.
             pub fn fns() -> TierFns {
                 let mut t = scalar::fns();
@@ -229,6 +243,7 @@ macro_rules! tier {
                 t.silu_mul = silu_mul;
                 t.acc_rows = acc_rows;
                 t.dot_rows = dot_rows;
+                t.softmax_step = softmax_step;
                 t
             }
         }
