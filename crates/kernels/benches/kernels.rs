@@ -12,6 +12,11 @@
 //!   on one thread so tiers compare like for like; throughput in weight elements.
 //! - `matmul_pool/...`: the same on the global pool (all cores), the product's real path.
 //! - `fused/...`: residual add + RMSNorm, SwiGLU gate/up matmul, Q/K/V as one matmul.
+//! - `acc_rows/{tier}/...`: MLA's small products on one thread, in multiply-adds: the
+//!   expanded prefill's scores (64 queries × 256 keys over 192 dims) and `P · V` (64 queries
+//!   × 128 over 256 keys), and the absorbed form's latent accumulation (16 heads × 512 over
+//!   a 32-key tile). `_packed`: the same with each head's rows contiguous, as the model lays
+//!   them out; without it they are a head-interleaved stride apart.
 //! - `attention/...`: decode (1 query per sequence, 1 and 32 sequences; the latter also over
 //!   30 layers' worth of cache, streamed from memory as in a real decode step) and a
 //!   512-token prefill over the paged layout.
@@ -273,5 +278,45 @@ fn bench_attention(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_matmul, bench_fused, bench_attention);
+fn bench_acc_rows(c: &mut Criterion) {
+    use tokenmill_kernels::attention::AccRows;
+    let mut rng = SplitMix64::new(11);
+    // (name, rows, cols, n, p_stride, x_stride)
+    let cases = [
+        ("expanded_scores", 64, 256, 192, 16 * 192, 256),
+        ("expanded_scores_packed", 64, 256, 192, 192, 256),
+        ("expanded_pv", 64, 128, 256, 256, 16 * 256),
+        ("expanded_pv_packed", 64, 128, 256, 256, 128),
+        ("absorbed_pv", 16, 512, 32, 32, 576),
+    ];
+    for tier in Tier::supported() {
+        let k = Kernels::new(tier).unwrap();
+        let mut g = c.benchmark_group(format!("acc_rows/{}", tier.name()));
+        for (name, rows, cols, n, p_stride, x_stride) in cases {
+            let s = AccRows {
+                rows,
+                cols,
+                n,
+                p_stride,
+                x_stride,
+            };
+            let p = random_f32_row(&mut rng, (rows - 1) * p_stride + n, 1.0);
+            let x = random_f32_row(&mut rng, (n - 1) * x_stride + cols, 1.0);
+            let mut o = vec![0f32; rows * cols];
+            g.throughput(Throughput::Elements((rows * cols * n) as u64));
+            g.bench_function(name, |b| {
+                b.iter(|| k.acc_rows(&s, black_box(&mut o), &p, &x))
+            });
+        }
+        g.finish();
+    }
+}
+
+criterion_group!(
+    benches,
+    bench_matmul,
+    bench_fused,
+    bench_attention,
+    bench_acc_rows
+);
 criterion_main!(benches);

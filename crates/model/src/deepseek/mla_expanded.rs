@@ -22,8 +22,9 @@
 //! <https://arxiv.org/abs/2205.14135>) over the block: the scores `S = Q · Kᵀ` and then
 //! `O += P · V` both by the tier's register-blocked `acc_rows` (an element of the left
 //! operand broadcast against vectors of the right one's rows), with a causal mask for the
-//! keys past each query's position between them; the values are read in place in the
-//! expanded block. The running max, sum and output of
+//! keys past each query's position between them. Each head's queries, keys and values are
+//! copied out contiguous first: in the interleaved layouts a head's rows lie `H·(…)` floats
+//! apart, a power-of-two stride that maps them onto a few cache sets. The running max, sum and output of
 //! every (head, query) live in one state buffer, a task's tile side by side, so the tasks
 //! split it without sharing.
 
@@ -66,8 +67,11 @@ pub(crate) struct ExpandedBuffers {
     c: Vec<f32>,
     /// The expanded block `[KEY_BLOCK, H·(nope + v)]`.
     kvx: Vec<f32>,
-    /// Each head's keys, transposed `[H, nope + rope, KEY_BLOCK]`.
-    keys: Vec<f32>,
+    /// The run's queries, each head's together `[H, T, nope + rope]`.
+    q_heads: Vec<f32>,
+    /// Each head's keys, transposed `[nope + rope, n]`, then its values `[n, v]`, for the
+    /// `n ≤ KEY_BLOCK` keys of a block.
+    heads: Vec<f32>,
     /// Per (head, query tile): outputs `[QUERY_TILE, v]`, then max and sum `[QUERY_TILE]` each.
     state: Vec<f32>,
     /// A task's scores `[QUERY_TILE, ≤ KEY_BLOCK]`, one per pool thread.
@@ -83,7 +87,8 @@ impl ExpandedBuffers {
             lat: Vec::with_capacity(kb * cfg.latent_dim()),
             c: Vec::with_capacity(kb * cfg.kv_lora_rank),
             kvx: Vec::with_capacity(kb * nh * (nope + v)),
-            keys: Vec::with_capacity(nh * kb * (nope + cfg.qk_rope_head_dim)),
+            q_heads: Vec::with_capacity(max_tokens * nh * (nope + cfg.qk_rope_head_dim)),
+            heads: Vec::with_capacity(nh * kb * (nope + cfg.qk_rope_head_dim + v)),
             state: Vec::with_capacity(nh * state_len(max_tokens, v)),
             scores: (0..threads)
                 .map(|_| Mutex::new(vec![0.0; QUERY_TILE * kb]))
@@ -132,6 +137,15 @@ pub(super) fn attend_run(
         ml[..QUERY_TILE].fill(f32::NEG_INFINITY);
         ml[QUERY_TILE..].fill(0.0);
     }
+    // Each head's queries contiguous (rows of one head are `H·(nope + rope)` apart in `q`,
+    // a stride that maps a tile's rows onto few cache sets).
+    let q_heads = resize(&mut b.q_heads, nh * n_tok * qk);
+    parallel_chunks_mut(pool, q_heads, n_tok * qk, |h, qh| {
+        for (dst, src) in qh.chunks_exact_mut(qk).zip(q.chunks_exact(nh * qk)) {
+            dst.copy_from_slice(&src[h * qk..][..qk]);
+        }
+    });
+    let q_heads = &*q_heads;
     let total = p0 + n_tok;
     let log2_scale = cfg.attn_scale * std::f32::consts::LOG2_E; // weights as powers of 2
     for j0 in (0..total).step_by(KEY_BLOCK) {
@@ -144,24 +158,23 @@ pub(super) fn attend_run(
         }
         let kvx = resize(&mut b.kvx, n * nh * w);
         matmul(c, kv_b, kvx);
-        // Head h's keys transposed, `[nope + rope, n]`: the scores are then `S = Q · Kᵀ` as
-        // an `acc_rows` product (query elements broadcast against rows of keys, no sums
-        // across lanes).
-        let keys = resize(&mut b.keys, nh * n * qk);
+        // Head h's keys transposed, `[nope + rope, n]` (the scores are then `S = Q · Kᵀ` as
+        // an `acc_rows` product: query elements broadcast against rows of keys, no sums
+        // across lanes), then its values `[n, v]` (contiguous, like the queries).
+        let heads = resize(&mut b.heads, nh * n * (qk + vd));
         let (kvx, lat) = (&*kvx, &*lat);
-        parallel_chunks_mut(pool, keys, n * qk, |h, kh| {
-            for (j, (x, row)) in kvx
-                .chunks_exact(nh * w)
-                .zip(lat.chunks_exact(d))
-                .enumerate()
-            {
+        parallel_chunks_mut(pool, heads, n * (qk + vd), |h, kv_h| {
+            let (kt, v) = kv_h.split_at_mut(n * qk);
+            let rows = kvx.chunks_exact(nh * w).zip(lat.chunks_exact(d));
+            for ((j, (x, row)), vj) in rows.enumerate().zip(v.chunks_exact_mut(vd)) {
                 let k = x[h * w..][..nope].iter().chain(&row[r..]);
-                for (c, &v) in k.enumerate() {
-                    kh[c * n + j] = v;
+                for (c, &val) in k.enumerate() {
+                    kt[c * n + j] = val;
                 }
+                vj.copy_from_slice(&x[h * w + nope..][..vd]);
             }
         });
-        let (keys, scores) = (&*keys, &b.scores);
+        let (heads, scores) = (&*heads, &b.scores);
         parallel_chunks_mut(pool, state, tile_len, |i, st| {
             let (h, tile) = (i / n_tiles, i % n_tiles);
             let t0 = tile * QUERY_TILE;
@@ -178,11 +191,12 @@ pub(super) fn attend_run(
                 rows,
                 cols: n_eff,
                 n: qk,
-                p_stride: nh * qk,
+                p_stride: qk,
                 x_stride: n,
             };
-            let qh = &q[t0 * nh * qk + h * qk..];
-            kernels().acc_rows(&qk_t, s, qh, &keys[h * n * qk..][..n * qk]);
+            let qh = &q_heads[(h * n_tok + t0) * qk..][..rows * qk];
+            let (kt, v) = heads[h * n * (qk + vd)..][..n * (qk + vd)].split_at(n * qk);
+            kernels().acc_rows(&qk_t, s, qh, kt);
             let (o, ml) = st.split_at_mut(QUERY_TILE * vd);
             let (m, l) = ml.split_at_mut(QUERY_TILE);
             for (i, (srow, orow)) in s
@@ -202,9 +216,9 @@ pub(super) fn attend_run(
                 cols: vd,
                 n: n_eff,
                 p_stride: n_eff,
-                x_stride: nh * w,
+                x_stride: vd,
             };
-            kernels().acc_rows(&pv, &mut o[..rows * vd], s, &kvx[h * w + nope..]);
+            kernels().acc_rows(&pv, &mut o[..rows * vd], s, v);
         });
     }
     for (t, ot) in out.chunks_exact_mut(nh * vd).enumerate().take(n_tok) {
