@@ -198,7 +198,14 @@ impl Analysis {
                 if !order.contains(&e.name) {
                     order.push(e.name.clone());
                 }
-                let cost = shape.as_ref().and_then(|m| op_cost(m, &e.name, &s.batch));
+                let chunks: Vec<(usize, usize)> = s
+                    .chunks
+                    .iter()
+                    .map(|c| (c.start_pos, c.num_tokens))
+                    .collect();
+                let cost = shape
+                    .as_ref()
+                    .and_then(|m| op_cost(m, &e.name, &s.batch, &chunks));
                 let slot =
                     per_op
                         .entry((e.name.clone(), layer))

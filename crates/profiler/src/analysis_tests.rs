@@ -59,6 +59,7 @@ pub(crate) fn shape() -> ModelShape {
         down_bytes: 100.0,
         lm_head_bytes: 60.0,
         embed_row_bytes: 6.0,
+        deepseek: None,
     }
 }
 

@@ -167,6 +167,16 @@ fn render_workers(s: &mut String, a: &Analysis) {
     }
 }
 
+/// The compute roof of op `name`, GFLOP/s: the f32 FMA roof for the ops that compute in f32
+/// (attention, the router's f32 matmul, RoPE and the norms), the integer dot roof for the
+/// quantized matmuls — or for float weights, the better of the two.
+fn op_roof(roof: &Roofline, name: &str) -> f64 {
+    match name {
+        "attention" | "moe_router" | "rope+kv_write" | "add_rms_norm" => roof.f32_gflops,
+        _ => roof.peak_gflops(),
+    }
+}
+
 fn render_ops(s: &mut String, a: &Analysis, roof: &Roofline, top: usize) {
     let total: f64 = a.ops.iter().map(|o| o.total_us).sum();
     let _ = writeln!(s, "\n== top ops");
@@ -187,7 +197,7 @@ fn render_ops(s: &mut String, a: &Analysis, roof: &Roofline, top: usize) {
             100.0 * o.total_us / total.max(1e-9),
             opt(o.gflops(), 1),
             opt(o.gbps(), 1),
-            pct(o.gflops(), roof.peak_gflops()),
+            pct(o.gflops(), op_roof(roof, &o.name)),
             pct(o.gbps(), roof.mem_gbps),
         );
     }

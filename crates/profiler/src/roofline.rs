@@ -6,8 +6,10 @@
 //!   activation rows — the quantized integer path
 //!   every linear layer takes, with no memory traffic to speak of. FLOPs are counted as
 //!   `2 · rows · cols · tokens` like the model's.
-//! - **f32 FMA peak** (`f32_gflops`): the kernel table's f32 dot over L1-resident vectors on
-//!   every pool thread at once.
+//! - **f32 FMA peak** (`f32_gflops`): the kernel table's register-blocked `acc_rows`
+//!   (`O += P · X`, the product MLA's attention runs) on a cache-resident shape, on every
+//!   pool thread at once. (A plain f32 dot, which loads two vectors per FMA, read less than
+//!   half of it on a Zen 4 core: a load ceiling, not the FMA one.)
 //! - **Memory bandwidth** (`mem_gbps`): every thread streams its share of a 256 MiB buffer
 //!   (far larger than any cache) through the kernel table's SIMD f32 dot, the way decode
 //!   streams weights; best of three passes. (A scalar sum read about half of what the decode
@@ -19,6 +21,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+use tokenmill_kernels::attention::AccRows;
+use tokenmill_kernels::dispatch::kernels;
 use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, dot, matmul};
 use tokenmill_kernels::quant::{GgmlType, quantize_row};
 
@@ -92,20 +96,29 @@ fn int_dot_gflops() -> f64 {
 }
 
 fn f32_fma_gflops(threads: usize) -> f64 {
-    let n = 1024;
-    let per_call = 2.0 * n as f64 * 64.0;
+    // 16 rows × 256 columns over 192 terms: `x` is 192 KiB (L2), `p` and `o` 12 and 16 KiB.
+    let shape = AccRows {
+        rows: 16,
+        cols: 256,
+        n: 192,
+        p_stride: 192,
+        x_stride: 256,
+    };
+    let per_call = 2.0 * (shape.rows * shape.cols * shape.n) as f64;
     let rates: Vec<f64> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads.max(1))
             .map(|_| {
                 s.spawn(move || {
-                    let a: Vec<f32> = (0..n).map(|i| i as f32 * 1e-3).collect();
-                    let b: Vec<f32> = (0..n).map(|i| 1.0 - i as f32 * 1e-4).collect();
+                    let p: Vec<f32> = (0..shape.rows * shape.n)
+                        .map(|i| (i % 7) as f32 * 1e-3)
+                        .collect();
+                    let x: Vec<f32> = (0..shape.n * shape.cols)
+                        .map(|i| 1.0 - (i % 11) as f32 * 1e-4)
+                        .collect();
+                    let mut o = vec![0f32; shape.rows * shape.cols];
                     best_rate(3, Duration::from_millis(100), per_call, || {
-                        let mut acc = 0.0;
-                        for _ in 0..64 {
-                            acc += dot(black_box(&a), black_box(&b));
-                        }
-                        black_box(acc);
+                        kernels().acc_rows(&shape, black_box(&mut o), &p, &x);
+                        black_box(&o);
                     })
                 })
             })

@@ -226,7 +226,7 @@ fn pp(model: &Model, dtype: KvDtype, n: usize, rng: &mut u64) -> anyhow::Result<
     model.forward(&[chunk], &mut kv, &mut ws)?;
     let time = t.elapsed();
     // Attention: each token attends to ~half the prompt on average.
-    let flops = n as f64 * flops_per_token(model, n as f64 / 2.0);
+    let flops = n as f64 * flops_per_token(model, n as f64 / 2.0, (n, 0));
     let bytes = llama(model).map(matmul_weight_bytes);
     Ok(Outcome {
         tokens: n,
@@ -295,7 +295,7 @@ fn bd(
     let time = t.elapsed();
     let mean_ctx = prompt as f64 + steps as f64 / 2.0;
     let tokens = b * steps;
-    let flops = tokens as f64 * flops_per_token(model, mean_ctx);
+    let flops = tokens as f64 * flops_per_token(model, mean_ctx, (1, prompt));
     // Every step streams all weights once, plus each sequence's K/V so far.
     let kv_bytes = kv.bytes_per_token() as f64 * mean_ctx * b as f64;
     let bytes = llama(model).map(|m| steps as f64 * (matmul_weight_bytes(m) + kv_bytes));
@@ -309,11 +309,15 @@ fn bd(
 }
 
 /// FLOPs of one token attending to `ctx` positions: the matmuls (2 × the parameters each token
-/// multiplies) and attention.
-fn flops_per_token(model: &Model, ctx: f64) -> f64 {
+/// multiplies) and attention. `run`: the tokens of its chunk and the chunk's start, which
+/// decide DeepSeek's MLA form.
+fn flops_per_token(model: &Model, ctx: f64, run: (usize, usize)) -> f64 {
     match model {
         Model::Llama(m) => llama_flops(m.config(), ctx),
-        Model::DeepSeek(m) => deepseek_flops(m.config(), ctx),
+        Model::DeepSeek(m) => {
+            let c = m.config();
+            deepseek_flops(c, ctx, c.mla_expanded_pays(run.0, run.1))
+        }
     }
 }
 
@@ -333,8 +337,11 @@ fn llama_flops(cfg: &ModelConfig, ctx: f64) -> f64 {
 /// The Q (or Q-LoRA) and latent `kv_a` projections, the absorbed `kv_b` halves (`q_nope` into
 /// the latent, the latent output into `v`), the output projection, the dense FFN or the router
 /// with `k` routed experts and the shared experts, and the LM head; MLA per key: the latent
-/// score (`r + rope`) and the latent accumulation (`r`), for every head and layer.
-fn deepseek_flops(c: &DeepSeekConfig, ctx: f64) -> f64 {
+/// score (`r + rope`) and the latent accumulation (`r`), for every head and layer. In the
+/// `expanded` form (a prefill chunk from position 0: each key's expansion by `kv_b` counts
+/// what the absorbed projections of its token would) a key costs a head's score
+/// (`nope + rope`) and value accumulation (`v`) instead.
+fn deepseek_flops(c: &DeepSeekConfig, ctx: f64, expanded: bool) -> f64 {
     let (h, nh, r, rope) = (c.hidden, c.n_heads, c.kv_lora_rank, c.qk_rope_head_dim);
     let q_out = nh * (c.qk_nope_head_dim + rope);
     let q = match c.q_lora_rank {
@@ -355,7 +362,11 @@ fn deepseek_flops(c: &DeepSeekConfig, ctx: f64) -> f64 {
         })
         .sum();
     let matmuls = 2.0 * (c.n_layers * attn + ffn + h * c.vocab_size) as f64;
-    matmuls + 2.0 * (c.n_layers * nh * (2 * r + rope)) as f64 * ctx
+    let per_key = match expanded {
+        true => c.qk_nope_head_dim + rope + c.v_head_dim,
+        false => 2 * r + rope,
+    };
+    matmuls + 2.0 * (c.n_layers * nh * per_key) as f64 * ctx
 }
 
 /// Bytes of every matmul weight (what one forward step must stream from memory).

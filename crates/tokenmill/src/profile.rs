@@ -18,7 +18,9 @@ use tokenmill_bench::inprocess::{WorkItem, random_workload, run_closed_loop};
 use tokenmill_bench::stats::Summary;
 use tokenmill_engine::{EngineHandle, RequestParams, SamplingParams};
 use tokenmill_gguf::GgufFile;
+use tokenmill_model::deepseek::DeepSeekConfig;
 use tokenmill_model::{KvDtype, ModelConfig};
+use tokenmill_profiler::shape::DeepSeekShape;
 use tokenmill_profiler::{ModelShape, Roofline};
 
 use crate::engine_args::EngineArgs;
@@ -101,15 +103,12 @@ fn report(r: &ReportArgs) -> anyhow::Result<()> {
 /// a KV cache of `kv_dtype`.
 pub fn model_shape(path: &Path, kv_dtype: KvDtype) -> Option<ModelShape> {
     let file = GgufFile::open(path).ok()?;
+    if file.architecture() == Some("deepseek2") {
+        return deepseek_shape(&file, kv_dtype);
+    }
     let cfg = ModelConfig::from_gguf(&file).ok()?;
-    let n = cfg.n_layers.max(1);
-    let sum = |names: &[&str]| -> f64 {
-        (0..n)
-            .flat_map(|l| names.iter().map(move |t| format!("blk.{l}.{t}.weight")))
-            .filter_map(|name| file.tensor(&name).map(|t| t.size))
-            .sum::<u64>() as f64
-            / n as f64
-    };
+    let sizes = TensorSizes(&file, cfg.n_layers);
+    let sum = |names: &[&str]| sizes.mean(names);
     let embed = file.tensor("token_embd.weight").map_or(0, |t| t.size) as f64;
     let lm_head = file
         .tensor("output.weight")
@@ -129,6 +128,76 @@ pub fn model_shape(path: &Path, kv_dtype: KvDtype) -> Option<ModelShape> {
         down_bytes: sum(&["ffn_down"]),
         lm_head_bytes: lm_head,
         embed_row_bytes: embed / cfg.vocab_size.max(1) as f64,
+        deepseek: None,
+    })
+}
+
+/// Bytes of a GGUF's per-layer tensors `blk.{l}.{name}.weight`.
+struct TensorSizes<'a>(&'a GgufFile, usize);
+
+impl TensorSizes<'_> {
+    /// Σ of `names` in layer `l` (`None` if the layer has none of them).
+    fn layer(&self, l: usize, names: &[&str]) -> Option<f64> {
+        let sizes = names
+            .iter()
+            .filter_map(|t| self.0.tensor(&format!("blk.{l}.{t}.weight")))
+            .map(|t| t.size as f64);
+        sizes.reduce(|a, b| a + b)
+    }
+
+    /// Σ of `names` a layer, the mean over all layers.
+    fn mean(&self, names: &[&str]) -> f64 {
+        let n = self.1.max(1);
+        (0..n).filter_map(|l| self.layer(l, names)).sum::<f64>() / n as f64
+    }
+
+    /// Σ of `names` a layer, the mean over the layers that have them (a DeepSeek's dense or
+    /// MoE layers).
+    fn mean_present(&self, names: &[&str]) -> f64 {
+        let present: Vec<f64> = (0..self.1).filter_map(|l| self.layer(l, names)).collect();
+        present.iter().sum::<f64>() / present.len().max(1) as f64
+    }
+}
+
+/// [`model_shape`] of a llama.cpp `deepseek2` GGUF: MLA's widths, the MoE and their bytes.
+fn deepseek_shape(file: &GgufFile, kv_dtype: KvDtype) -> Option<ModelShape> {
+    let c = DeepSeekConfig::from_gguf(file).ok()?;
+    let sizes = TensorSizes(file, c.n_layers);
+    let embed = file.tensor("token_embd.weight").map_or(0, |t| t.size) as f64;
+    let lm_head = file
+        .tensor("output.weight")
+        .map_or(embed, |t| t.size as f64);
+    let q = ["attn_q", "attn_q_a", "attn_q_b", "attn_kv_a_mqa"];
+    let experts = ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"];
+    Some(ModelShape {
+        n_layers: c.n_layers,
+        hidden: c.hidden,
+        n_heads: c.n_heads,
+        head_dim: c.qk_nope_head_dim + c.qk_rope_head_dim,
+        kv_dim: c.latent_dim(),
+        ffn_hidden: c.ffn_hidden,
+        vocab: c.vocab_size,
+        kv_elem_bytes: kv_dtype.bytes(),
+        qkv_bytes: sizes.mean(&q),
+        out_bytes: sizes.mean(&["attn_output"]),
+        gate_up_bytes: sizes.mean_present(&["ffn_gate", "ffn_up"]),
+        down_bytes: sizes.mean_present(&["ffn_down"]),
+        lm_head_bytes: lm_head,
+        embed_row_bytes: embed / c.vocab_size.max(1) as f64,
+        deepseek: Some(DeepSeekShape {
+            kv_lora_rank: c.kv_lora_rank,
+            qk_nope: c.qk_nope_head_dim,
+            qk_rope: c.qk_rope_head_dim,
+            v_head: c.v_head_dim,
+            q_lora_rank: c.q_lora_rank.unwrap_or(0),
+            n_experts: c.n_routed_experts,
+            experts_per_tok: c.n_experts_per_tok,
+            n_shared: c.n_shared_experts,
+            moe_hidden: c.moe_hidden,
+            kv_b_bytes: sizes.mean(&["attn_k_b", "attn_v_b", "attn_kv_b"]),
+            expert_bytes: sizes.mean_present(&experts) / c.n_routed_experts.max(1) as f64,
+            shared_bytes: sizes.mean_present(&["ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"]),
+        }),
     })
 }
 
@@ -243,4 +312,41 @@ fn measure_overhead(w: &Workload<'_>, args: &RunArgs) -> anyhow::Result<()> {
         ratios.len()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The profiler counts MLA in the form the model runs: its copy of the rule agrees with
+    /// the model's over decodes, speculative tokens and prefill chunks at V2-Lite's widths
+    /// and at a tiny fixture's.
+    #[test]
+    fn profiler_and_model_pick_the_same_mla_form() {
+        for (nh, r, nope, rope, v) in [(16, 512, 128, 64, 128), (4, 16, 8, 4, 12)] {
+            let json = json!({
+                "architectures": ["DeepseekV2ForCausalLM"], "num_hidden_layers": 2,
+                "num_attention_heads": nh, "hidden_size": 64, "vocab_size": 8,
+                "kv_lora_rank": r, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope,
+                "v_head_dim": v, "intermediate_size": 4,
+            });
+            let c = DeepSeekConfig::from_hf_config(&json.to_string()).unwrap();
+            let d = DeepSeekShape {
+                kv_lora_rank: r,
+                qk_nope: nope,
+                qk_rope: rope,
+                v_head: v,
+                ..DeepSeekShape::default()
+            };
+            let (mut expanded, mut absorbed) = (0, 0);
+            for t in [1, 2, 6, 64, 170, 171, 512, 2048] {
+                for p in [0, 1, 5, 100, 400, 4096, 32_768] {
+                    let e = c.mla_expanded_pays(t, p);
+                    assert_eq!(d.mla_expanded(t, p), e, "{t} tokens after {p}");
+                    if e { expanded += 1 } else { absorbed += 1 }
+                }
+            }
+            assert!(expanded > 0 && absorbed > 0, "both forms are covered");
+        }
+    }
 }

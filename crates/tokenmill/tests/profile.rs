@@ -285,3 +285,80 @@ fn report_rejects_bad_input_cleanly() {
         assert!(!err.contains("panicked"), "{err}");
     }
 }
+
+/// `profile` and `profile report` on a DeepSeek model (the tiny V2 fixture's llama.cpp GGUF):
+/// the trace's model shape carries MLA's and the MoE's widths, and MLA's attention, the
+/// router, the routed and the shared experts all get a cost, so the report shows their
+/// GFLOP/s beside the Llama-family ops'.
+#[test]
+fn deepseek_ops_get_costs() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace_path = dir.path().join("trace.json");
+    let model = tokenmill_testutil::fixtures_dir("deepseek").join("v2/model.f32.gguf");
+    let args = [
+        "profile",
+        "--model",
+        model.to_str().unwrap(),
+        "--concurrency",
+        "2",
+        "--num-prompts",
+        "3",
+        "--input-len",
+        "24",
+        "--output-len",
+        "4",
+        "--max-num-batched-tokens",
+        "16",
+        "--max-num-seqs",
+        "4",
+        "--threads",
+        "2",
+        "--out",
+        trace_path.to_str().unwrap(),
+    ];
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tokenmill"))
+            .args(args)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "tokenmill {args:?}:\n{text}\n{err}");
+        text
+    };
+    run(&args);
+    let a = Analysis::of(&Trace::read_file(&trace_path).unwrap());
+    let shape = a.shape.as_ref().expect("model shape in otherData");
+    let d = shape
+        .deepseek
+        .as_ref()
+        .expect("MLA and MoE in the model shape");
+    assert_eq!((d.kv_lora_rank, d.qk_rope), (16, 4));
+    assert!(
+        d.n_experts > 0 && d.expert_bytes > 0.0 && d.shared_bytes > 0.0,
+        "{d:?}"
+    );
+    let ops = [
+        "attention",
+        "moe_router",
+        "moe_experts",
+        "moe_shared_experts",
+        "qkv_matmul",
+        "lm_head",
+    ];
+    for op in ops {
+        let s = a.ops.iter().find(|o| o.name == op);
+        let s = s.unwrap_or_else(|| panic!("{op} not traced: {:?}", a.ops));
+        assert!(s.flops.is_some_and(|f| f > 0.0), "{op}: {s:?}");
+        assert!(s.bytes.is_some_and(|b| b > 0.0), "{op}: {s:?}");
+    }
+    let text = run(&["profile", "report", trace_path.to_str().unwrap()]);
+    for needle in [
+        "== top ops",
+        "moe_experts",
+        "moe_shared_experts",
+        "== verdict",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from:\n{text}");
+    }
+}

@@ -208,6 +208,19 @@ impl DeepSeekConfig {
         self.n_routed_experts > 0 && l >= self.first_k_dense_replace
     }
 
+    /// Whether MLA over a run of `t` tokens of one sequence, after `p` cached keys, costs
+    /// fewer multiply-adds in the expanded form (prefill) than absorbed (decode). Both forms
+    /// project every query's nope part or output once (absorbed: `W_UK_hᵀ`, `W_UV_h` a token;
+    /// expanded: `kv_b` a key, `p + t` keys), and they differ per scored pair
+    /// (`H·(2r + rope)` against `H·(nope + rope + v)`); so the expanded form pays when
+    /// `p · H·(nope + v)·r < pairs · H·(2r − nope − v)`, `pairs = t·p + t(t + 1)/2`.
+    pub fn mla_expanded_pays(&self, t: usize, p: usize) -> bool {
+        let (nope, v, r) = (self.qk_nope_head_dim, self.v_head_dim, self.kv_lora_rank);
+        let per_pair = (2 * r).saturating_sub(nope + v);
+        let pairs = t * p + t * (t + 1) / 2;
+        p * (nope + v) * r < pairs * per_pair
+    }
+
     /// Values cached per token per layer: the compressed latent and the shared rope key.
     pub fn latent_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim

@@ -97,7 +97,7 @@ impl MlaBuffers {
 /// `heads(h) = (W_UK_hᵀ, W_UV_h)` (module docs) and its whole `kv_b` `[H·(nope + v), r]`.
 ///
 /// A run of one sequence's tokens (consecutive positions, one `Keys::seq`) for which the
-/// expanded form costs fewer multiply-adds ([`mla_expanded::pays`]: a prefill chunk) runs
+/// expanded form costs fewer multiply-adds ([`DeepSeekConfig::mla_expanded_pays`]: a prefill chunk) runs
 /// there; every other token (decodes, a few speculative tokens over a long context) runs
 /// absorbed, the tokens between two expanded runs together.
 pub(super) fn attend_batch<'k, 'w>(
@@ -125,7 +125,7 @@ pub(super) fn attend_batch<'k, 'w>(
             );
             end += 1;
         }
-        if mla_expanded::pays(cfg, end - t, first.n_keys - 1) {
+        if cfg.mla_expanded_pays(end - t, first.n_keys - 1) {
             let (q_a, out_a) = (&q[..t * nh * qk], &mut out[..t * nh * vd]);
             absorbed(cfg, &heads, q_a, &keys, absorbed_from, b, out_a);
             let run_q = &q[t * nh * qk..end * nh * qk];
@@ -532,7 +532,7 @@ mod tests {
             let toks: Vec<(usize, usize)> = runs
                 .iter()
                 .flat_map(|&(seq, k0, n, expanded)| {
-                    assert_eq!(mla_expanded::pays(&c, n, k0 - 1), expanded, "{seq}");
+                    assert_eq!(c.mla_expanded_pays(n, k0 - 1), expanded, "{seq}");
                     (0..n).map(move |i| (seq, k0 + i))
                 })
                 .collect();
@@ -572,16 +572,16 @@ mod tests {
             "v_head_dim": 128, "intermediate_size": 4,
         });
         let c = DeepSeekConfig::from_hf_config(&json.to_string()).unwrap();
-        assert!(mla_expanded::pays(&c, 2048, 0));
-        assert!(mla_expanded::pays(&c, 2048, 30_000));
-        assert!(mla_expanded::pays(&c, 512, 4096));
-        assert!(!mla_expanded::pays(&c, 1, 400), "a decode");
+        assert!(c.mla_expanded_pays(2048, 0));
+        assert!(c.mla_expanded_pays(2048, 30_000));
+        assert!(c.mla_expanded_pays(512, 4096));
+        assert!(!c.mla_expanded_pays(1, 400), "a decode");
         assert!(
-            !mla_expanded::pays(&c, 6, 400),
+            !c.mla_expanded_pays(6, 400),
             "a decode and 5 speculative tokens"
         );
         assert!(
-            !mla_expanded::pays(&c, 64, 32_000),
+            !c.mla_expanded_pays(64, 32_000),
             "a short chunk over a long prefix"
         );
     }

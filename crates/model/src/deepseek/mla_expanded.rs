@@ -12,7 +12,7 @@
 //! The absorbed form ([`super::mla`]) scores a key with `H·(2r + rope)` multiply-adds a query
 //! token and expands nothing; this form costs `H·(nope + rope + v)` a (query, key) pair — 3.4×
 //! fewer at V2-Lite's widths — plus `H·(nope + v)·r` a key to expand it, once for the whole
-//! run. [`pays`] compares the two counts: a prefill chunk of many tokens runs expanded, a
+//! run. [`DeepSeekConfig::mla_expanded_pays`] compares the two counts: a prefill chunk of many tokens runs expanded, a
 //! decode token or a few speculative tokens over a long context run absorbed.
 //!
 //! [`attend_run`] sweeps the keys in blocks of [`KEY_BLOCK`] (so its buffers are bounded
@@ -45,18 +45,6 @@ pub(super) const KEY_BLOCK: usize = 256;
 
 /// Query tokens of one head per task.
 pub(super) const QUERY_TILE: usize = 64;
-
-/// Whether a run of `t` tokens of one sequence, after `p` cached keys, costs fewer
-/// multiply-adds expanded than absorbed. Both forms project every query's nope part or output
-/// once (absorbed: `W_UK_hᵀ`, `W_UV_h` a token; expanded: `kv_b` a key, `p + t` keys), and they
-/// differ per scored pair; so the expanded form pays when
-/// `p · H·(nope + v)·r < pairs · H·(2r − nope − v)`, `pairs = t·p + t(t + 1)/2`.
-pub(super) fn pays(cfg: &DeepSeekConfig, t: usize, p: usize) -> bool {
-    let (nope, v, r) = (cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank);
-    let per_pair = (2 * r).saturating_sub(nope + v);
-    let pairs = t * p + t * (t + 1) / 2;
-    p * (nope + v) * r < pairs * per_pair
-}
 
 /// The buffers of [`attend_run`] (grow-only).
 #[derive(Debug, Default)]
