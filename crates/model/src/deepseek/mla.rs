@@ -23,8 +23,9 @@
 //! scoring a tile for all heads while its rows are in cache, with the online softmax
 //! (FlashAttention, <https://arxiv.org/abs/2205.14135>): a running max `m_h` and sum `l_h`
 //! per head, `o_h` rescaled by `e^(m_old − m_new)` when the max grows, divided by `l_h` at the
-//! end (the tier's `softmax_step`, in base 2). Each tile's rows are gathered from the paged cache into one f32 matrix (an f16
-//! cache's widened exactly; [`LatentKvCache::gather`]), and both passes over it are small
+//! end (the tier's `softmax_step`, in base 2). Each tile's rows are gathered from the paged
+//! cache into one f32 matrix (an f16 cache's widened exactly; [`LatentKvCache::gather`]),
+//! and both passes over it are small
 //! products for all heads at once through the tier's register-blocked kernels: the scores
 //! `S = Q_cat · tileᵀ` `[H, n]` by `dot_rows` (4 heads × 4 keys summed in registers along the
 //! latent), and `O += P · C` `[H, r]` by `acc_rows` (4 heads × 2 vectors of `o` held in
@@ -97,9 +98,9 @@ impl MlaBuffers {
 /// `heads(h) = (W_UK_hᵀ, W_UV_h)` (module docs) and its whole `kv_b` `[H·(nope + v), r]`.
 ///
 /// A run of one sequence's tokens (consecutive positions, one `Keys::seq`) for which the
-/// expanded form costs fewer multiply-adds ([`DeepSeekConfig::mla_expanded_pays`]: a prefill chunk) runs
-/// there; every other token (decodes, a few speculative tokens over a long context) runs
-/// absorbed, the tokens between two expanded runs together.
+/// expanded form costs fewer multiply-adds ([`DeepSeekConfig::mla_expanded_pays`]: a prefill
+/// chunk) runs there; every other token (decodes, a few speculative tokens over a long
+/// context) runs absorbed, the tokens between two expanded runs together.
 pub(super) fn attend_batch<'k, 'w>(
     cfg: &DeepSeekConfig,
     heads: impl Fn(usize) -> (QMatrix<'w>, QMatrix<'w>) + Sync,

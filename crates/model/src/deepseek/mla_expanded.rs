@@ -12,8 +12,9 @@
 //! The absorbed form ([`super::mla`]) scores a key with `H·(2r + rope)` multiply-adds a query
 //! token and expands nothing; this form costs `H·(nope + rope + v)` a (query, key) pair — 3.4×
 //! fewer at V2-Lite's widths — plus `H·(nope + v)·r` a key to expand it, once for the whole
-//! run. [`DeepSeekConfig::mla_expanded_pays`] compares the two counts: a prefill chunk of many tokens runs expanded, a
-//! decode token or a few speculative tokens over a long context run absorbed.
+//! run. [`DeepSeekConfig::mla_expanded_pays`] compares the two counts: a prefill chunk of
+//! many tokens runs expanded, a decode token or a few speculative tokens over a long context
+//! run absorbed.
 //!
 //! [`attend_run`] sweeps the keys in blocks of [`KEY_BLOCK`] (so its buffers are bounded
 //! whatever the context): the block's latents are gathered from the paged cache, expanded by
@@ -24,9 +25,9 @@
 //! operand broadcast against vectors of the right one's rows), with a causal mask for the
 //! keys past each query's position between them. Each head's queries, keys and values are
 //! copied out contiguous first: in the interleaved layouts a head's rows lie `H·(…)` floats
-//! apart, a power-of-two stride that maps them onto a few cache sets. The running max, sum and output of
-//! every (head, query) live in one state buffer, a task's tile side by side, so the tasks
-//! split it without sharing.
+//! apart, a power-of-two stride that maps them onto a few cache sets. The running max, sum
+//! and output of every (head, query) live in one state buffer, a task's tile side by side,
+//! so the tasks split it without sharing.
 
 use std::sync::Mutex;
 

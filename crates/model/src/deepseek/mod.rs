@@ -23,8 +23,10 @@
 //! computed once per token per call, `rope_cos_sin(.., rope_mscale, ..)`, and shared by every
 //! layer and head). The embedding lookup and the final norm + LM head of the wanted rows are
 //! the Llama path's (`embed_head.rs`); attention is `mla.rs` (one sweep of the latent rows per
-//! token for all heads, online softmax; the batch's tokens spread over the pool), the router and experts `moe.rs`; the matmuls, dots,
-//! axpys, norms and residual adds are the kernel crate's. The plain loops these replaced are
+//! token for all heads, online softmax; the batch's tokens spread over the pool) and, for
+//! prefill chunks, `mla_expanded.rs` (the latents expanded into per-head keys and values once
+//! a chunk); the router and experts are `moe.rs`; the matmuls, dots, axpys, norms and
+//! residual adds are the kernel crate's. The plain loops these replaced are
 //! kept as reference twins with differential tests (`mla::attend_ref`,
 //! `moe::matmul_f32_ref`).
 //!
