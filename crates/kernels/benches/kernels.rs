@@ -275,6 +275,9 @@ fn bench_attention(c: &mut Criterion) {
     bench_attention_case(&mut g, "decode_b1_ctx128", (1, 128, 1), 1);
     bench_attention_case(&mut g, "decode_b1_ctx320", (1, 320, 1), 1);
     bench_attention_case(&mut g, "verify6_b1_ctx320", (1, 320, 6), 1);
+    // The same from memory: 30 layers' K/V of a 400-token context, as a served stream's.
+    bench_attention_case(&mut g, "decode_b1_ctx400_30_layers", (1, 400, 1), 30);
+    bench_attention_case(&mut g, "verify6_b1_ctx400_30_layers", (1, 400, 6), 30);
     g.finish();
 }
 

@@ -327,21 +327,28 @@ fn decode_path_equals_prefill_path_bit_for_bit() {
                 "{}: decode != prefill (hd {hd}, bs {bs})",
                 k.tier()
             );
-            // Chunked prefill: chunks of 7 (and a last partial one).
-            let chunks: Vec<AttnSeq> = (0..n)
-                .step_by(7)
-                .map(|p| AttnSeq {
-                    n_q: 7.min(n - p),
-                    start_pos: p,
-                    block_table: table,
-                })
-                .collect();
-            let chunked = run(&pool, &k, &q, &store, &chunks, &sh);
-            assert!(
-                whole == chunked,
-                "{}: chunked != whole (hd {hd}, bs {bs})",
-                k.tier()
-            );
+            // Chunked prefill: chunks of 7 (and a last partial one), and of 6 after a first
+            // token — a decode and 5 drafts, as speculative verification runs them.
+            for (len, first) in [(7, 0), (6, 1)] {
+                let head = (first > 0).then_some((0, first));
+                let rest = (first..n).step_by(len).map(|p| (p, len.min(n - p)));
+                let chunks: Vec<AttnSeq> = head
+                    .into_iter()
+                    .chain(rest)
+                    .map(|(p, n_q)| AttnSeq {
+                        n_q,
+                        start_pos: p,
+                        block_table: table,
+                    })
+                    .collect();
+                assert_eq!(chunks.iter().map(|c| c.n_q).sum::<usize>(), n);
+                let chunked = run(&pool, &k, &q, &store, &chunks, &sh);
+                assert!(
+                    whole == chunked,
+                    "{}: chunks of {len} != whole (hd {hd}, bs {bs})",
+                    k.tier()
+                );
+            }
         }
     }
 }

@@ -1,4 +1,5 @@
-//! [`KvCache`]: paged K/V storage for every layer, one preallocated arena.
+//! [`KvCache`]: paged K/V storage for every layer, one preallocated arena, every page of it
+//! mapped at start-up ([`crate::resident`]).
 //!
 //! Per layer, K and V each hold `num_blocks` blocks in the layout of
 //! [`tokenmill_kernels::attention::PagedKv`] (K transposed per KV head inside a block, so the
@@ -13,7 +14,7 @@
 
 use tokenmill_kernels::attention::{KvDtype, KvElem, KvLayout, PagedKv, PagedKvMut, f16};
 
-use crate::ModelConfig;
+use crate::{ModelConfig, resident};
 
 /// K and V arenas, `[n_layers, num_blocks, ...]` each (see [`KvCache`]).
 enum Arena {
@@ -65,12 +66,12 @@ impl KvCache {
         let len = cfg.n_layers * num_blocks * layout.block_len();
         let arena = match dtype {
             KvDtype::F32 => Arena::F32 {
-                k: vec![0.0; len],
-                v: vec![0.0; len],
+                k: resident::zeroed(len, 0.0),
+                v: resident::zeroed(len, 0.0),
             },
             KvDtype::F16 => Arena::F16 {
-                k: vec![f16::ZERO; len],
-                v: vec![f16::ZERO; len],
+                k: resident::zeroed(len, f16::ZERO),
+                v: resident::zeroed(len, f16::ZERO),
             },
         };
         KvCache {

@@ -16,6 +16,7 @@ mod kv_shape;
 mod llama;
 mod model;
 mod profile;
+mod resident;
 mod store;
 mod weights;
 mod workspace;

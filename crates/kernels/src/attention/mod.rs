@@ -295,6 +295,10 @@ pub fn attention_with<S: AttnSeqs + ?Sized, T: KvElem>(
         parts.reserve_exact(most.max(n_slots * (2 + hd)) - parts.len());
     }
     parts.resize(n_slots * (2 + hd), 0.0);
+    if cfg!(debug_assertions) {
+        // A slot the combine pass reads but no task wrote shows up as NaN in tests.
+        parts.fill(f32::NAN);
+    }
     if arena.len() < threads * size.floats {
         arena.resize(threads * size.floats, 0.0);
     }

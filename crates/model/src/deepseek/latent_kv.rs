@@ -16,6 +16,8 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use tokenmill_kernels::attention::KvDtype;
 
+use crate::resident;
+
 /// The rows of every layer, `[n_layers, num_blocks, block_size, dim]`, of the cache's type.
 enum Rows {
     F32(Vec<f32>),
@@ -47,8 +49,8 @@ impl LatentKvCache {
     ) -> Self {
         let len = n_layers * num_blocks * block_size * dim;
         let rows = match dtype {
-            KvDtype::F32 => Rows::F32(vec![0.0; len]),
-            KvDtype::F16 => Rows::F16(vec![f16::ZERO; len]),
+            KvDtype::F32 => Rows::F32(resident::zeroed(len, 0.0)),
+            KvDtype::F16 => Rows::F16(resident::zeroed(len, f16::ZERO)),
         };
         LatentKvCache {
             num_blocks,
