@@ -12,10 +12,11 @@
 //! context) equals the prefill path (query tiles) row by row; a chunk's output does not depend
 //! on the other chunks of its batch, on chunked prefill, or on the pool's thread count.
 //!
-//! An f16 store: every tier against the reference over the same f16 values (same budget), and
-//! bit for bit the f32 kernel of the same tier over the f16 values widened to f32 (the f16
-//! kernels only differ in how they load), so the properties above carry over.
+//! An f16 or bf16 store: every tier against the reference over the same 16-bit values (same
+//! budget), and bit for bit the f32 kernel of the same tier over those values widened to f32
+//! (the 16-bit kernels only differ in how they load), so the properties above carry over.
 
+use half::bf16;
 use tokenmill_kernels::attention::reference::attention_ref;
 use tokenmill_kernels::attention::{
     AttnScratch, AttnSeq, AttnShape, KvElem, KvLayout, PagedKv, PagedKvMut, attention_with, f16,
@@ -258,31 +259,44 @@ fn every_tier_matches_reference_on_mixed_batches() {
     });
 }
 
-#[test]
-fn f16_store_every_tier_matches_reference_and_the_f32_kernel_on_its_values() {
+/// Every tier over a store of `E` against the reference on the same values, and bit for bit
+/// the f32 kernel over them widened; the rounding itself moves outputs by less than `moved`.
+fn sixteen_bit_store_matches<E: KvElem>(name: &str, moved: f32) {
     let pool = ThreadPool::new(3);
     mixed_batches(|ci, sh, store, seqs, q| {
-        let s16 = store.to::<f16>();
-        // The f16 values, widened: what the f16 kernels must compute on.
+        let s16 = store.to::<E>();
+        // The 16-bit values, widened: what the 16-bit kernels must compute on.
         let widened = s16.to::<f32>();
+        assert!(widened.k != store.k, "{name}: rounding changed nothing");
         let want = attention_ref(q, sh.q_dim(), &s16.view(), seqs, sh);
         for k in tiers() {
             let got = run(&pool, &k, q, &s16, seqs, sh);
             let d = max_diff(&got, &want);
-            eprintln!("{} f16 case {ci}: max |Δ| {d:.2e}", k.tier());
-            assert!(d <= TOL, "{} f16 case {ci}: max |Δ| {d}", k.tier());
+            eprintln!("{} {name} case {ci}: max |Δ| {d:.2e}", k.tier());
+            assert!(d <= TOL, "{} {name} case {ci}: max |Δ| {d}", k.tier());
             let f32_kernel = run(&pool, &k, q, &widened, seqs, sh);
             assert!(
                 got == f32_kernel,
-                "{} f16 case {ci}: differs from the f32 kernel on the same values",
+                "{} {name} case {ci}: differs from the f32 kernel on the same values",
                 k.tier()
             );
         }
         // And the rounding's own effect stays small (keys and values in [-1, 1]).
         let exact = attention_ref(q, sh.q_dim(), &store.view(), seqs, sh);
         let d = max_diff(&want, &exact);
-        assert!(d < 5e-3, "f16 rounding moved case {ci} by {d}");
+        assert!(d < moved, "{name} rounding moved case {ci} by {d}");
     });
+}
+
+#[test]
+fn f16_store_every_tier_matches_reference_and_the_f32_kernel_on_its_values() {
+    sixteen_bit_store_matches::<f16>("f16", 5e-3);
+}
+
+#[test]
+fn bf16_store_every_tier_matches_reference_and_the_f32_kernel_on_its_values() {
+    // bf16 keeps 8 bits of mantissa to f16's 11: eight times the rounding.
+    sixteen_bit_store_matches::<bf16>("bf16", 4e-2);
 }
 
 #[test]

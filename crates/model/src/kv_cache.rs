@@ -7,11 +7,12 @@
 //! caller's business (its block table); this type only stores values. The engine's block
 //! pool hands out block ids; `tokenmill generate` uses blocks `0..n`.
 //!
-//! Elements are f32 (the default, exact) or f16 ([`KvDtype`]: half the bytes per token, K and
-//! V rounded to nearest even as they are written); the arena is one enum and each layer's
+//! Elements are f32 (the default, exact), f16 or bf16 ([`KvDtype`]: half the bytes per token,
+//! K and V rounded to nearest even as they are written); the arena is one enum and each layer's
 //! views come out as a [`LayerKv`] / [`LayerKvMut`] of the matching type, which the forward
 //! pass hands to the (generic) kernels.
 
+use half::bf16;
 use tokenmill_kernels::attention::{KvDtype, KvElem, KvLayout, PagedKv, PagedKvMut, f16};
 
 use crate::{ModelConfig, resident};
@@ -20,6 +21,7 @@ use crate::{ModelConfig, resident};
 enum Arena {
     F32 { k: Vec<f32>, v: Vec<f32> },
     F16 { k: Vec<f16>, v: Vec<f16> },
+    BF16 { k: Vec<bf16>, v: Vec<bf16> },
 }
 
 pub struct KvCache {
@@ -36,6 +38,7 @@ pub struct KvCache {
 pub enum LayerKv<'a> {
     F32(PagedKv<'a, f32>),
     F16(PagedKv<'a, f16>),
+    BF16(PagedKv<'a, bf16>),
 }
 
 /// Write view of one layer, of the cache's element type.
@@ -43,6 +46,7 @@ pub enum LayerKv<'a> {
 pub enum LayerKvMut<'a> {
     F32(PagedKvMut<'a, f32>),
     F16(PagedKvMut<'a, f16>),
+    BF16(PagedKvMut<'a, bf16>),
 }
 
 impl KvCache {
@@ -73,6 +77,10 @@ impl KvCache {
                 k: resident::zeroed(len, f16::ZERO),
                 v: resident::zeroed(len, f16::ZERO),
             },
+            KvDtype::BF16 => Arena::BF16 {
+                k: resident::zeroed(len, bf16::ZERO),
+                v: resident::zeroed(len, bf16::ZERO),
+            },
         };
         KvCache {
             num_blocks,
@@ -100,6 +108,7 @@ impl KvCache {
         match self.arena {
             Arena::F32 { .. } => KvDtype::F32,
             Arena::F16 { .. } => KvDtype::F16,
+            Arena::BF16 { .. } => KvDtype::BF16,
         }
     }
 
@@ -128,6 +137,11 @@ impl KvCache {
                 v: &v[r],
                 layout,
             }),
+            Arena::BF16 { k, v } => LayerKv::BF16(PagedKv {
+                k: &k[r.clone()],
+                v: &v[r],
+                layout,
+            }),
         }
     }
 
@@ -146,6 +160,11 @@ impl KvCache {
                 v: &mut v[r],
                 layout,
             }),
+            Arena::BF16 { k, v } => LayerKvMut::BF16(PagedKvMut {
+                k: &mut k[r.clone()],
+                v: &mut v[r],
+                layout,
+            }),
         }
     }
 
@@ -158,6 +177,7 @@ impl KvCache {
         match self.layer_mut(layer) {
             LayerKvMut::F32(w) => put(w, block_table, pos, k, v),
             LayerKvMut::F16(w) => put(w, block_table, pos, k, v),
+            LayerKvMut::BF16(w) => put(w, block_table, pos, k, v),
         }
     }
 }

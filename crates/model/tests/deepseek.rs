@@ -75,26 +75,55 @@ fn greedy_matches_hf_reference() {
 /// is the reference's and its logits stay within the f16 rounding of the cache.
 #[test]
 fn f16_latent_cache_keeps_top1_and_greedy() {
+    sixteen_bit_latent_cache(KvDtype::F16, 1e-2, 0, &["v2", "v3"]);
+}
+
+/// The same with bf16 rows (`--kv-cache-dtype bf16`): eight times f16's rounding. One
+/// position of the random-weight v3 fixture sits on a near-tie of its sigmoid router, which
+/// bf16's rounding tips to another expert (relative logit error 1.7 there, 0.005–0.07 at the
+/// other positions); every top-1 token still holds, but v3's greedy continuation leaves the
+/// reference's from its second token (another tipped expert), so only v2's is compared.
+#[test]
+fn bf16_latent_cache_keeps_top1_and_greedy() {
+    sixteen_bit_latent_cache(KvDtype::BF16, 8e-2, 1, &["v2"]);
+}
+
+/// Logits of every position within `max_rel` (relative) of the reference but at most
+/// `tipped` positions, the top-1 token everywhere, and greedy decoding unchanged on the
+/// fixtures named in `greedy`.
+fn sixteen_bit_latent_cache(dtype: KvDtype, max_rel: f32, tipped: usize, greedy: &[&str]) {
     for name in ["v2", "v3"] {
         let (model, fx) = load(name);
         let input = ids(&fx["input_ids"]);
-        let got = deepseek_logits_chunked_kv(&model, KvDtype::F16, &input, 5);
+        let got = deepseek_logits_chunked_kv(&model, dtype, &input, 5);
         let want = floats(&fx["logits"]);
         let vocab = model.config().vocab_size;
         let worst = worst_rel(&got, &want);
+        let off = got
+            .chunks_exact(vocab)
+            .zip(want.chunks_exact(vocab))
+            .filter(|(g, w)| worst_rel(g, w) >= max_rel)
+            .count();
         let mut agree = 0;
         for (g, w) in got.chunks_exact(vocab).zip(want.chunks_exact(vocab)) {
             agree += usize::from(argmax(g) == argmax(w));
         }
         eprintln!(
-            "{name}: f16 latent cache, worst relative logit error {worst}, top-1 {agree}/{}",
+            "{name}: {dtype} latent cache, worst relative logit error {worst} ({off} positions \
+             past {max_rel}), top-1 {agree}/{}",
             input.len()
         );
-        assert!(worst < 1e-2, "{name}: max relative logit error {worst}");
+        assert!(
+            off <= tipped,
+            "{name}: {off} positions past {max_rel} (worst {worst})"
+        );
         assert_eq!(agree, input.len(), "{name}: top-1 differs at some position");
-        let greedy = ids(&fx["greedy_ids"]);
-        let got = deepseek_greedy_kv(&model, KvDtype::F16, &input, greedy.len());
-        assert_eq!(got, greedy, "{name}: greedy with an f16 latent cache");
+        if !greedy.contains(&name) {
+            continue;
+        }
+        let want = ids(&fx["greedy_ids"]);
+        let got = deepseek_greedy_kv(&model, dtype, &input, want.len());
+        assert_eq!(got, want, "{name}: greedy with a {dtype} latent cache");
     }
 }
 

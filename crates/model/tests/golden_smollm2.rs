@@ -60,6 +60,11 @@ fn teacher_forced_logprobs_match_reference_with_f16_kv_cache() {
 }
 
 #[test]
+fn teacher_forced_logprobs_match_reference_with_bf16_kv_cache() {
+    teacher_forced(KvDtype::BF16, 0.98, 0.05);
+}
+
+#[test]
 fn greedy_continuations_match_reference() {
     greedy(KvDtype::F32);
 }
@@ -67,6 +72,11 @@ fn greedy_continuations_match_reference() {
 #[test]
 fn greedy_continuations_match_reference_with_f16_kv_cache() {
     greedy(KvDtype::F16);
+}
+
+#[test]
+fn greedy_continuations_match_reference_with_bf16_kv_cache() {
+    greedy(KvDtype::BF16);
 }
 
 /// Teacher forcing with a KV cache of `dtype`: top-1 agreement at least `min_rate`, the

@@ -86,7 +86,7 @@ fn decode_steps_allocate_nothing() {
         let model =
             LlamaModel::load(GgufFile::open(dir.join(format!("{name}.gguf"))).unwrap()).unwrap();
         for block_size in [16, 4] {
-            for dtype in [KvDtype::F32, KvDtype::F16] {
+            for dtype in KvDtype::ALL {
                 // These fixtures have float weights: 16 rows or more go to `gemm`, whose
                 // packing buffers allocate (a prefill-sized batch), so 4 × (1 + 2) rows here.
                 for drafts in [0, 2] {
@@ -104,7 +104,7 @@ fn decode_steps_allocate_nothing() {
     }
     let model =
         LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    for dtype in [KvDtype::F32, KvDtype::F16] {
+    for dtype in KvDtype::ALL {
         for drafts in [0, 4] {
             let n = decode_allocations(&model, 16, dtype, drafts);
             eprintln!(

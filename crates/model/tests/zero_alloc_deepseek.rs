@@ -76,7 +76,12 @@ fn decode_steps_allocate_nothing() {
             ),
         ];
         for (form, model) in &models {
-            for (block_size, dtype) in [(16, KvDtype::F32), (4, KvDtype::F32), (16, KvDtype::F16)] {
+            for (block_size, dtype) in [
+                (16, KvDtype::F32),
+                (4, KvDtype::F32),
+                (16, KvDtype::F16),
+                (16, KvDtype::BF16),
+            ] {
                 let n = decode_allocations(model, block_size, dtype);
                 eprintln!(
                     "{name} {form}, block size {block_size}, {dtype} latent cache: {n} allocations in {STEPS} steps"

@@ -27,6 +27,8 @@ pub enum KvDtypeArg {
     /// 2 bytes per element (K after RoPE and V, or DeepSeek's latent rows, rounded to nearest
     /// even): twice the tokens in the same memory, half the bytes attention reads.
     F16,
+    /// 2 bytes per element, bfloat16: as f16, with f32's range and three fewer mantissa bits.
+    Bf16,
 }
 
 impl From<KvDtypeArg> for KvDtype {
@@ -34,6 +36,7 @@ impl From<KvDtypeArg> for KvDtype {
         match a {
             KvDtypeArg::F32 => KvDtype::F32,
             KvDtypeArg::F16 => KvDtype::F16,
+            KvDtypeArg::Bf16 => KvDtype::BF16,
         }
     }
 }
@@ -291,10 +294,15 @@ mod tests {
         assert_eq!(parse(&[]).unwrap().kv_cache_dtype, KvDtypeArg::F32);
         let a = parse(&["--kv-cache-dtype", "f16"]).unwrap();
         assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::F16);
-        let err = parse(&["--kv-cache-dtype", "bf16"]).err().unwrap();
+        let a = parse(&["--kv-cache-dtype", "bf16"]).unwrap();
+        assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::BF16);
+        let err = parse(&["--kv-cache-dtype", "fp8"]).err().unwrap();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let msg = err.to_string();
-        assert!(msg.contains("bf16") && msg.contains("f32, f16"), "{msg}");
+        assert!(
+            msg.contains("fp8") && msg.contains("f32, f16, bf16"),
+            "{msg}"
+        );
     }
 
     fn speculative(args: &[&str]) -> anyhow::Result<(Option<SpeculativeConfig>, Option<PathBuf>)> {

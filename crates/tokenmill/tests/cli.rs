@@ -43,23 +43,25 @@ fn generate_continues_a_prompt_greedily_and_reports_speed() {
 }
 
 #[test]
-fn generate_with_an_f16_kv_cache_and_a_clear_error_for_unknown_dtypes() {
-    let out = tokenmill(&[
-        "generate",
-        "--prompt",
-        "The capital of France is",
-        "--max-tokens",
-        "8",
-        "--kv-cache-dtype",
-        "f16",
-    ]);
-    let text = stdout(&out);
-    assert!(text.starts_with(" Paris."), "{text:?}");
-    let out = tokenmill(&["generate", "--prompt", "hi", "--kv-cache-dtype", "bf16"]);
+fn generate_with_16_bit_kv_caches_and_a_clear_error_for_unknown_dtypes() {
+    for dtype in ["f16", "bf16"] {
+        let out = tokenmill(&[
+            "generate",
+            "--prompt",
+            "The capital of France is",
+            "--max-tokens",
+            "8",
+            "--kv-cache-dtype",
+            dtype,
+        ]);
+        let text = stdout(&out);
+        assert!(text.starts_with(" Paris."), "{dtype}: {text:?}");
+    }
+    let out = tokenmill(&["generate", "--prompt", "hi", "--kv-cache-dtype", "fp8"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("invalid value 'bf16'") && err.contains("f32, f16"),
+        err.contains("invalid value 'fp8'") && err.contains("f32, f16, bf16"),
         "{err}"
     );
 }

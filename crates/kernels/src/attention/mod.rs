@@ -225,7 +225,7 @@ impl<S: AttnSeqs + ?Sized, T> Ctx<'_, S, T> {
 
 /// Causal attention of a batch, on the global pool and kernels. `q` holds token row `t` at
 /// `q[t * q_stride..][..n_heads * head_dim]` (rows in chunk order, `T = Σ n_q`), `out` is
-/// `[T, n_heads * head_dim]`. The cache's element type is f32 or f16 ([`KvElem`]).
+/// `[T, n_heads * head_dim]`. The cache's element type is f32, f16 or bf16 ([`KvElem`]).
 ///
 /// Panics if a shape or length does not fit (the head dim must be a multiple of 4), or a block
 /// table does not cover its chunk.

@@ -33,7 +33,7 @@ use crate::kv_elem::KvElem;
 pub const KEY_TILE: usize = 16;
 
 /// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`]. Keys and
-/// values are elements of `E` (f32 or f16, [`crate::kv_elem::KvElem`]), widened to f32
+/// values are elements of `E` (f32, f16 or bf16, [`crate::kv_elem::KvElem`]), widened to f32
 /// exactly as they are loaded; everything else is f32.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnTile<E = f32> {

@@ -6,14 +6,14 @@
 //! sequence is row `block_table[p / block_size] · block_size + p % block_size` of its layer.
 //! Block ownership is the caller's, as for [`KvCache`](crate::KvCache).
 //!
-//! Rows are f32 (the default, exact) or f16 ([`KvDtype::F16`], `--kv-cache-dtype f16`: half
-//! the bytes per token and half the bytes MLA reads per key). An f16 row is rounded to nearest
-//! even once, when it is written, and widened back to f32 exactly when MLA reads it
-//! ([`LatentKvCache::gather`]), so attention over an f16 cache is the f32 computation over the
-//! rounded rows, as for the Llama family's [`KvCache`](crate::KvCache).
+//! Rows are f32 (the default, exact), f16 or bf16 ([`KvDtype`], `--kv-cache-dtype f16|bf16`:
+//! half the bytes per token and half the bytes MLA reads per key). A 16-bit row is rounded to
+//! nearest even once, when it is written, and widened back to f32 exactly when MLA reads it
+//! ([`LatentKvCache::gather`]), so attention over a 16-bit cache is the f32 computation over
+//! the rounded rows, as for the Llama family's [`KvCache`](crate::KvCache).
 
-use half::f16;
 use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
 use tokenmill_kernels::attention::KvDtype;
 
 use crate::resident;
@@ -22,6 +22,7 @@ use crate::resident;
 enum Rows {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    BF16(Vec<bf16>),
 }
 
 pub struct LatentKvCache {
@@ -51,6 +52,7 @@ impl LatentKvCache {
         let rows = match dtype {
             KvDtype::F32 => Rows::F32(resident::zeroed(len, 0.0)),
             KvDtype::F16 => Rows::F16(resident::zeroed(len, f16::ZERO)),
+            KvDtype::BF16 => Rows::BF16(resident::zeroed(len, bf16::ZERO)),
         };
         LatentKvCache {
             num_blocks,
@@ -74,6 +76,7 @@ impl LatentKvCache {
         match self.rows {
             Rows::F32(_) => KvDtype::F32,
             Rows::F16(_) => KvDtype::F16,
+            Rows::BF16(_) => KvDtype::BF16,
         }
     }
 
@@ -83,7 +86,7 @@ impl LatentKvCache {
     }
 
     /// Bytes held per token across all layers: `n_layers · (kv_lora_rank + rope dim)` elements
-    /// of the cache's type (4 bytes for f32, 2 for f16).
+    /// of the cache's type (4 bytes for f32, 2 for f16 and bf16).
     pub fn bytes_per_token(&self) -> usize {
         self.n_layers * self.dim * self.dtype().bytes()
     }
@@ -95,17 +98,18 @@ impl LatentKvCache {
         row * self.dim..(row + 1) * self.dim
     }
 
-    /// Stores `row` (`dim` values) as the row of `layer` at `pos` (rounded for f16).
+    /// Stores `row` (`dim` values) as the row of `layer` at `pos` (rounded for f16 and bf16).
     pub fn write(&mut self, layer: usize, block_table: &[u32], pos: usize, row: &[f32]) {
         let r = self.range(layer, block_table, pos);
         match &mut self.rows {
             Rows::F32(d) => d[r].copy_from_slice(row),
             Rows::F16(d) => d[r].convert_from_f32_slice(row),
+            Rows::BF16(d) => d[r].convert_from_f32_slice(row),
         }
     }
 
     /// The row of `layer` at `pos` as f32: the cache's own slice (f32), or widened into `buf`
-    /// (`dim` values; f16).
+    /// (`dim` values; f16 and bf16).
     pub fn row<'a>(
         &'a self,
         layer: usize,
@@ -120,17 +124,22 @@ impl LatentKvCache {
                 d[r].convert_to_f32_slice(buf);
                 buf
             }
+            Rows::BF16(d) => {
+                d[r].convert_to_f32_slice(buf);
+                buf
+            }
         }
     }
 
     /// Copies the rows of `layer` at `j0, j0 + 1, ...` as f32 into consecutive `dim`-value
-    /// rows of `dst` (as many as it holds; f16 rows widened exactly).
+    /// rows of `dst` (as many as it holds; 16-bit rows widened exactly).
     pub fn gather(&self, layer: usize, block_table: &[u32], j0: usize, dst: &mut [f32]) {
         for (i, out) in dst.chunks_exact_mut(self.dim).enumerate() {
             let r = self.range(layer, block_table, j0 + i);
             match &self.rows {
                 Rows::F32(d) => out.copy_from_slice(&d[r]),
                 Rows::F16(d) => d[r].convert_to_f32_slice(out),
+                Rows::BF16(d) => d[r].convert_to_f32_slice(out),
             }
         }
     }
@@ -142,10 +151,21 @@ mod tests {
 
     #[test]
     fn f16_rows_round_once_and_widen_exactly() {
+        sixteen_bit_rows(KvDtype::F16, |v| f16::from_f32(v).to_f32());
+    }
+
+    #[test]
+    fn bf16_rows_round_once_and_widen_exactly() {
+        sixteen_bit_rows(KvDtype::BF16, |v| bf16::from_f32(v).to_f32());
+    }
+
+    /// A cache of `dtype` holds each written row as `round` rounds it, read back whole or
+    /// gathered, beside an f32 cache that holds it exactly.
+    fn sixteen_bit_rows(dtype: KvDtype, round: fn(f32) -> f32) {
         let (dim, table) = (6, [2u32, 0, 1]);
         let mut f32c = LatentKvCache::new(2, dim, 3, 4);
-        let mut f16c = LatentKvCache::with_dtype(2, dim, 3, 4, KvDtype::F16);
-        assert_eq!(f16c.dtype(), KvDtype::F16);
+        let mut f16c = LatentKvCache::with_dtype(2, dim, 3, 4, dtype);
+        assert_eq!(f16c.dtype(), dtype);
         assert_eq!(2 * f16c.bytes_per_token(), f32c.bytes_per_token());
         for pos in 0..12 {
             let row: Vec<f32> = (0..dim)
@@ -164,7 +184,8 @@ mod tests {
                 let want: Vec<f32> = (0..dim)
                     .map(|k| (pos * dim + k) as f32 / 7.0 - 3.0)
                     .collect();
-                let rounded: Vec<f32> = want.iter().map(|v| f16::from_f32(*v).to_f32()).collect();
+                let rounded: Vec<f32> = want.iter().map(|&v| round(v)).collect();
+                assert!(rounded != want, "row {pos}: rounding changed nothing");
                 assert_eq!(x, &want[..], "row {pos}");
                 assert_eq!(y, &rounded[..], "row {pos}");
                 assert_eq!(f16c.row(1, &table, pos, &mut one), &rounded[..]);

@@ -20,16 +20,17 @@
 //! grouped; `head_dim` must be a multiple of `N` (the dispatch table falls back to the scalar
 //! tier otherwise).
 //!
-//! Keys and values come from a store of f32 or f16 ([`LoadKv`]: a plain load, or F16C /
-//! AVX-512 `vcvtph2ps`); the widening is exact, so the f16 kernel is the f32 kernel over the
-//! f16-rounded cache, bit for bit.
+//! Keys and values come from a store of f32, f16 or bf16 ([`LoadKv`]: a plain load, F16C /
+//! AVX-512 `vcvtph2ps`, or for bf16 a zero-extension to 32 bits and a shift by 16); the
+//! widening is exact, so the 16-bit kernels are the f32 kernel over the rounded cache, bit
+//! for bit.
 //!
 //! As everywhere in `x86`, these bodies are `#[inline(always)]` without target features and
 //! use no closures; they are compiled only inside the `#[target_feature]` entry points.
 
 use std::arch::x86_64::*;
 
-use half::f16;
+use half::{bf16, f16};
 
 use crate::simd::attn::{AccRows, AttnTile, DotRows, EXP2_FLUSH, KEY_TILE, exp2 as scalar_exp2};
 
@@ -192,6 +193,18 @@ impl LoadKv<f16> for F32x8 {
     }
 }
 
+impl LoadKv<bf16> for F32x8 {
+    /// Eight bf16 zero-extended to 32 bits and shifted into the top half: the f32 whose
+    /// high 16 bits they are (AVX2 `vpmovzxwd` + `vpslld`).
+    #[inline(always)]
+    unsafe fn load_kv(p: *const bf16) -> Self {
+        unsafe {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+            F32x8(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(wide)))
+        }
+    }
+}
+
 impl LoadKv<f32> for F32x16 {
     #[inline(always)]
     unsafe fn load_kv(p: *const f32) -> Self {
@@ -204,6 +217,17 @@ impl LoadKv<f16> for F32x16 {
     #[inline(always)]
     unsafe fn load_kv(p: *const f16) -> Self {
         unsafe { F32x16(_mm512_cvtph_ps(_mm256_loadu_si256(p.cast()))) }
+    }
+}
+
+impl LoadKv<bf16> for F32x16 {
+    /// Sixteen bf16 widened as on AVX2, in one register (AVX-512 F).
+    #[inline(always)]
+    unsafe fn load_kv(p: *const bf16) -> Self {
+        unsafe {
+            let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+            F32x16(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide)))
+        }
     }
 }
 
@@ -301,7 +325,7 @@ impl F32s for F32x16 {
     }
 }
 
-/// One [`AttnTile`] step over a K/V store of `E` (f32 or f16): rows in blocks of up to `R`
+/// One [`AttnTile`] step over a K/V store of `E` (f32, f16 or bf16): rows in blocks of up to `R`
 /// (at most 4), keys `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks
 /// share each key and value load among more
 /// rows and, above all, overlap the rows' softmax dependency chains (max, `exp2`, sums: the

@@ -153,6 +153,14 @@ macro_rules! tier {
 
             /// # Safety
             ///
+            /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn attn_tile_bf16(t: &AttnTile<half::bf16>) {
+                unsafe { attn::tile::<$f32s, half::bf16, $kv, $rows>(t) }
+            }
+
+            /// # Safety
+            ///
             /// As [`crate::simd::attn::AttnMergeFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_merge(
@@ -238,6 +246,7 @@ macro_rules! tier {
                 t.dot_f32 = dot_f32;
                 t.attn_tile = attn_tile;
                 t.attn_tile_f16 = attn_tile_f16;
+                t.attn_tile_bf16 = attn_tile_bf16;
                 t.attn_merge = attn_merge;
                 t.attn_lanes = <$f32s as F32s>::N;
                 t.silu_mul = silu_mul;
