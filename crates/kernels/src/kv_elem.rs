@@ -14,8 +14,7 @@
 //!
 //! One generic code path over the element type: the store, the views, the write, the tile
 //! gather and the kernels are generic over [`KvElem`] (implemented for `f32`, `f16` and
-//! `bf16` only),
-//! and the SIMD kernels over "load one vector of lanes of `E` as f32"
+//! `bf16` only), and the SIMD kernels over "load one vector of lanes of `E` as f32"
 //! (`simd::x86::attn::LoadKv`). This module sits below both the attention code and the SIMD
 //! kernels (it depends on neither); the tier table picks a tile kernel per element type
 //! (`TierFns::attn_tile_for`).
@@ -134,8 +133,9 @@ impl KvElem for bf16 {
 pub(crate) fn cast_buf<T: KvElem>(buf: &mut [f32]) -> &mut [T] {
     const { assert!(std::mem::size_of::<T>() <= 4 && std::mem::align_of::<T>() <= 4) };
     let n = std::mem::size_of_val(buf) / std::mem::size_of::<T>();
-    // SAFETY: `T` is f32, f16 or bf16 (the sealed trait): plain bits, every pattern valid, alignment
-    // at most f32's; the view covers exactly the bytes of `buf` and borrows it mutably.
+    // SAFETY: `T` is f32, f16 or bf16 (the sealed trait): plain bits, every pattern valid,
+    // alignment at most f32's; the view covers exactly the bytes of `buf` and borrows it
+    // mutably.
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<T>(), n) }
 }
 

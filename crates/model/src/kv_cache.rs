@@ -70,16 +70,16 @@ impl KvCache {
         let len = cfg.n_layers * num_blocks * layout.block_len();
         let arena = match dtype {
             KvDtype::F32 => Arena::F32 {
-                k: resident::zeroed(len, 0.0),
-                v: resident::zeroed(len, 0.0),
+                k: resident::filled(len, 0.0),
+                v: resident::filled(len, 0.0),
             },
             KvDtype::F16 => Arena::F16 {
-                k: resident::zeroed(len, f16::ZERO),
-                v: resident::zeroed(len, f16::ZERO),
+                k: resident::filled(len, f16::ZERO),
+                v: resident::filled(len, f16::ZERO),
             },
             KvDtype::BF16 => Arena::BF16 {
-                k: resident::zeroed(len, bf16::ZERO),
-                v: resident::zeroed(len, bf16::ZERO),
+                k: resident::filled(len, bf16::ZERO),
+                v: resident::filled(len, bf16::ZERO),
             },
         };
         KvCache {

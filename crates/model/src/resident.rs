@@ -1,4 +1,4 @@
-//! Resident arenas: a zeroed buffer whose pages are all mapped when it is made.
+//! Resident arenas: a buffer whose pages are all mapped when it is made.
 //!
 //! A large `vec![0; n]` comes from the OS untouched: each 4 KiB page is mapped (and zeroed) by
 //! a page fault on its first write. For a KV cache that means a fault whenever a sequence
@@ -8,29 +8,19 @@
 //! block, so a server with a large cache kept entering never-touched blocks until it had
 //! cycled through all of them. vLLM and llama.cpp allocate their caches up front too.
 //!
-//! So the arena is touched once at start-up: one write per page. On Linux it is first advised
-//! to use transparent huge pages (`madvise(MADV_HUGEPAGE)`; the system's default here is
-//! "madvise"), so start-up maps 2 MiB at a time and attention's scattered block reads miss
-//! the TLB less. The advice is a hint: without it (or elsewhere) the pages are 4 KiB.
+//! So the arena is written whole at start-up. On Linux its memory is first advised to use
+//! transparent huge pages (`madvise(MADV_HUGEPAGE)`; the system's default here is "madvise"),
+//! so start-up maps 2 MiB at a time and attention's scattered block reads miss the TLB less.
+//! The advice is a hint: without it (or elsewhere) the pages are 4 KiB.
 
-/// A buffer of `len` elements, every one `zero` (whose bytes must all be zero), with every
-/// page mapped.
-pub(crate) fn zeroed<T: Copy>(len: usize, zero: T) -> Vec<T> {
-    let mut v = vec![zero; len];
-    advise_huge_pages(&mut v);
-    let per_page = (PAGE / std::mem::size_of::<T>().max(1)).max(1);
-    // Every `per_page`-th element, and the last (the buffer need not start on a page).
-    let last = v.len().checked_sub(1);
-    for i in (0..v.len()).step_by(per_page).chain(last) {
-        // SAFETY: `i < v.len()`. A volatile write, so that the store of a value the
-        // allocator already zeroed is not elided: the write is what maps the page.
-        unsafe { std::ptr::write_volatile(v.as_mut_ptr().add(i), zero) };
-    }
+/// `len` copies of `value`, every page of them mapped: the memory is advised first, then
+/// written whole (a `vec![value; len]` of zeros would come untouched from `calloc`).
+pub(crate) fn filled<T: Copy>(len: usize, value: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    advise_huge_pages(v.spare_capacity_mut());
+    v.resize(len, value);
     v
 }
-
-/// The smallest page size of the targets we run on.
-const PAGE: usize = 4096;
 
 #[cfg(target_os = "linux")]
 fn advise_huge_pages<T>(v: &mut [T]) {
@@ -45,8 +35,9 @@ fn advise_huge_pages<T>(v: &mut [T]) {
         return;
     }
     let len = (end - first) / HUGE * HUGE;
-    // SAFETY: `[first, first + len)` lies inside `v`'s allocation; MADV_HUGEPAGE changes
-    // how its pages are backed, never their contents. A failure (THP off) is harmless.
+    // SAFETY: `[first, first + len)` lies inside `v`'s allocation (not yet written);
+    // MADV_HUGEPAGE changes how its pages are backed, never their contents. A failure (THP
+    // off) is harmless.
     unsafe { libc::madvise(first as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
 }
 
@@ -56,6 +47,9 @@ fn advise_huge_pages<T>(_: &mut [T]) {}
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
+
+    /// The smallest page size of the targets we run on.
+    const PAGE: usize = 4096;
 
     /// Pages of `v` the OS reports resident (`mincore`), and how many pages it spans.
     fn resident_pages<T>(v: &[T]) -> (usize, usize) {
@@ -72,7 +66,7 @@ mod tests {
     }
 
     #[test]
-    fn every_page_of_the_arena_is_mapped_and_zero() {
+    fn every_page_of_the_arena_is_mapped_and_holds_the_value() {
         // 48 MiB: far above the allocator's mmap threshold, so it comes from the OS untouched.
         let n = 12 << 20;
         let plain = vec![0.0f32; n];
@@ -81,12 +75,13 @@ mod tests {
             before < pages / 2,
             "a plain zeroed vec is mapped lazily ({before} of {pages})"
         );
-        let v = zeroed(n, 0.0f32);
-        let (mapped, pages) = resident_pages(&v);
-        assert_eq!(mapped, pages, "every page resident");
-        assert!(v.iter().all(|&x| x == 0.0));
-        let h = zeroed(n, half::f16::ZERO);
+        for v in [filled(n, 0.0f32), filled(n, -1.5f32)] {
+            let (mapped, pages) = resident_pages(&v);
+            assert_eq!(mapped, pages, "every page resident");
+            assert!(v.len() == n && v.iter().all(|&x| x == v[0]));
+        }
+        let h = filled(n, half::bf16::ZERO);
         assert_eq!(resident_pages(&h).0, resident_pages(&h).1);
-        assert!(zeroed(0, 0u8).is_empty() && zeroed(3, 0u8) == [0, 0, 0]);
+        assert!(filled(0, 0u8).is_empty() && filled(3, 7u8) == [7, 7, 7]);
     }
 }

@@ -50,9 +50,9 @@ impl LatentKvCache {
     ) -> Self {
         let len = n_layers * num_blocks * block_size * dim;
         let rows = match dtype {
-            KvDtype::F32 => Rows::F32(resident::zeroed(len, 0.0)),
-            KvDtype::F16 => Rows::F16(resident::zeroed(len, f16::ZERO)),
-            KvDtype::BF16 => Rows::BF16(resident::zeroed(len, bf16::ZERO)),
+            KvDtype::F32 => Rows::F32(resident::filled(len, 0.0)),
+            KvDtype::F16 => Rows::F16(resident::filled(len, f16::ZERO)),
+            KvDtype::BF16 => Rows::BF16(resident::filled(len, bf16::ZERO)),
         };
         LatentKvCache {
             num_blocks,
