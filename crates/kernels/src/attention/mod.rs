@@ -10,8 +10,10 @@
 //!
 //! **Work split.** Grouped-query heads that share a KV head are always processed together, so
 //! each key/value tile is loaded once for the whole group. A chunk of one token (a decode
-//! step) is cut into (`decode`) tasks of (sequence, KV head, context segment): each segment
-//! yields a partial `(max, sum, acc)` and a second pass merges them. Longer chunks are cut
+//! step) is cut into (`decode`) tasks of (sequence, KV head, context segment) — or, when the
+//! batch's decode rows alone keep the pool busy, of (sequence, KV head) running its segments
+//! in a row, so its K/V stream stays prefetched: each segment yields a partial
+//! `(max, sum, acc)` and a second pass merges them. Longer chunks are cut
 //! into (`prefill`) tasks of (sequence, KV head, tile of query tokens) that sweep the
 //! context tile by tile, keeping the query tile's running state in L1. Both pools of tasks are
 //! claimed dynamically by the pool's threads, heaviest first, so batch 1 and batch 32 both
@@ -139,7 +141,7 @@ impl<S: AttnSeqs + ?Sized, T: KvElem> Ctx<'_, S, T> {
         debug_assert!(local < p.n_tasks);
         let n_kv = self.shape.n_kv_heads;
         match p.mode {
-            Mode::Decode { n_seg, .. } => decode::task(self, s, local / n_seg, local % n_seg),
+            Mode::Decode { n_tasks, .. } => decode::task(self, s, local / n_tasks, local % n_tasks),
             // Heaviest (last) query tiles first, every KV head of one tile next to each other.
             Mode::Prefill { n_qt, .. } => {
                 prefill::task(self, s, local % n_kv, n_qt - 1 - local / n_kv)

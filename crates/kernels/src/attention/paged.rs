@@ -175,6 +175,18 @@ impl<T: KvElem> PagedKv<'_, T> {
     /// the two.
     #[inline]
     pub(crate) fn prefetch_tile(&self, block_table: &[u32], head: usize, tile: usize) {
+        self.prefetch_tile_to::<TO_L1>(block_table, head, tile)
+    }
+
+    /// [`Self::prefetch_tile`] into L2 only: for the tile after the next, whose lines would
+    /// otherwise hold L1's miss buffers for a whole tile's compute.
+    #[inline]
+    pub(crate) fn prefetch_tile_l2(&self, block_table: &[u32], head: usize, tile: usize) {
+        self.prefetch_tile_to::<TO_L2>(block_table, head, tile)
+    }
+
+    #[inline]
+    fn prefetch_tile_to<const HINT: i32>(&self, block_table: &[u32], head: usize, tile: usize) {
         let lay = &self.layout;
         let pos0 = tile * KEY_TILE;
         if !lay.block_size.is_multiple_of(KEY_TILE) || pos0 >= block_table.len() * lay.block_size {
@@ -194,21 +206,26 @@ impl<T: KvElem> PagedKv<'_, T> {
         // The line of each key row of K (16 lanes: one line of f32, half of f16), and the
         // value rows' lines.
         for d in 0..hd {
-            prefetch(self.k[k0 + d * lay.block_size..].as_ptr());
+            prefetch::<HINT, T>(self.k[k0 + d * lay.block_size..].as_ptr());
         }
         for off in (0..KEY_TILE * hd).step_by(64 / std::mem::size_of::<T>()) {
-            prefetch(self.v[v0 + off..].as_ptr());
+            prefetch::<HINT, T>(self.v[v0 + off..].as_ptr());
         }
     }
 }
 
-/// A prefetch hint for the cache line holding `p` (no architectural effect).
+/// `_mm_prefetch` hints: into L1 (`T0`) or into L2 (`T1`).
+const TO_L1: i32 = 3;
+const TO_L2: i32 = 2;
+
+/// A prefetch hint (`HINT`: [`TO_L1`] or [`TO_L2`]) for the cache line holding `p` (no
+/// architectural effect).
 #[inline(always)]
-fn prefetch<T>(p: *const T) {
+fn prefetch<const HINT: i32, T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; `p` points into a slice.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;

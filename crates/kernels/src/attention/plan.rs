@@ -14,6 +14,8 @@ pub const SEG_MIN_KEYS: usize = 64;
 pub const MAX_SEGS: usize = 8;
 /// Query rows (tokens × grouped heads) a prefill task aims for.
 const PREFILL_ROWS: usize = 48;
+/// Decode tasks (rows × KV heads) per pool thread from which each task takes a whole context.
+const WHOLE_CONTEXT_TASKS: usize = 4;
 
 /// The segments of a decode row with `n_ctx` keys: `(count, tiles per segment)`. Segment `i`
 /// covers key tiles `i · tps .. min((i + 1) · tps, ceil(n_ctx / KEY_TILE))`.
@@ -27,11 +29,14 @@ pub fn segments(n_ctx: usize) -> (usize, usize) {
 /// How one chunk is cut into tasks.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Mode {
-    /// One query token: `n_seg` context segments of `tps` tiles; partial states at slots
-    /// `part0 + head · n_seg + segment` when `n_seg > 1`.
+    /// One query token: `n_seg` context segments of `tps` tiles, `per_task` consecutive
+    /// segments a task (`n_tasks = ceil(n_seg / per_task)` per KV head); partial states at
+    /// slots `part0 + head · n_seg + segment` when `n_seg > 1`.
     Decode {
         n_seg: usize,
         tps: usize,
+        per_task: usize,
+        n_tasks: usize,
         part0: usize,
     },
     /// Tiles of `q_tile` query tokens, `n_qt` of them.
@@ -127,16 +132,32 @@ impl AttnScratch {
         threads: usize,
     ) -> (usize, usize) {
         self.plan.clear();
+        // With enough decode rows to keep the pool busy, a task runs all of its (sequence, KV
+        // head)'s segments in a row: its K/V stream stays prefetched across segment ends
+        // instead of starting cold once per segment. A few rows split their segments
+        // across tasks, so that one long context still runs on every thread.
+        let decode_rows = (0..seqs.num_seqs())
+            .filter(|&i| seqs.seq(i).n_q == 1)
+            .count();
+        let whole = decode_rows * shape.n_kv_heads >= WHOLE_CONTEXT_TASKS * threads;
         let (mut task0, mut q_row, mut part0) = (0, 0, 0);
         for i in 0..seqs.num_seqs() {
             let s = seqs.seq(i);
             let (mode, n_tasks) = if s.n_q == 1 {
                 let (n_seg, tps) = segments(s.start_pos + 1);
-                let mode = Mode::Decode { n_seg, tps, part0 };
+                let per_task = if whole { n_seg } else { 1 };
+                let n_tasks = n_seg.div_ceil(per_task);
+                let mode = Mode::Decode {
+                    n_seg,
+                    tps,
+                    per_task,
+                    n_tasks,
+                    part0,
+                };
                 if n_seg > 1 {
                     part0 += shape.n_heads * n_seg;
                 }
-                (mode, shape.n_kv_heads * n_seg)
+                (mode, shape.n_kv_heads * n_tasks)
             } else {
                 let q_tile = chunk_q_tile(shape, s.n_q, threads);
                 let n_qt = s.n_q.div_ceil(q_tile);
