@@ -141,7 +141,10 @@ impl<S: AttnSeqs + ?Sized, T: KvElem> Ctx<'_, S, T> {
         debug_assert!(local < p.n_tasks);
         let n_kv = self.shape.n_kv_heads;
         match p.mode {
-            Mode::Decode { n_tasks, .. } => decode::task(self, s, local / n_tasks, local % n_tasks),
+            Mode::Decode { .. } => {
+                let n_tasks = p.mode.decode_tasks();
+                decode::task(self, s, local / n_tasks, local % n_tasks)
+            }
             // Heaviest (last) query tiles first, every KV head of one tile next to each other.
             Mode::Prefill { n_qt, .. } => {
                 prefill::task(self, s, local % n_kv, n_qt - 1 - local / n_kv)

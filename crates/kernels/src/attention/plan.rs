@@ -30,17 +30,28 @@ pub fn segments(n_ctx: usize) -> (usize, usize) {
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Mode {
     /// One query token: `n_seg` context segments of `tps` tiles, `per_task` consecutive
-    /// segments a task (`n_tasks = ceil(n_seg / per_task)` per KV head); partial states at
-    /// slots `part0 + head · n_seg + segment` when `n_seg > 1`.
+    /// segments a task ([`Mode::decode_tasks`] per KV head); partial states at slots
+    /// `part0 + head · n_seg + segment` when `n_seg > 1`.
     Decode {
         n_seg: usize,
         tps: usize,
         per_task: usize,
-        n_tasks: usize,
         part0: usize,
     },
     /// Tiles of `q_tile` query tokens, `n_qt` of them.
     Prefill { q_tile: usize, n_qt: usize },
+}
+
+impl Mode {
+    /// Tasks per KV head of a decode chunk: `ceil(n_seg / per_task)` (0 for a prefill one).
+    pub(super) fn decode_tasks(&self) -> usize {
+        match *self {
+            Mode::Decode {
+                n_seg, per_task, ..
+            } => n_seg.div_ceil(per_task),
+            Mode::Prefill { .. } => 0,
+        }
+    }
 }
 
 /// One chunk's plan.
@@ -146,18 +157,16 @@ impl AttnScratch {
             let (mode, n_tasks) = if s.n_q == 1 {
                 let (n_seg, tps) = segments(s.start_pos + 1);
                 let per_task = if whole { n_seg } else { 1 };
-                let n_tasks = n_seg.div_ceil(per_task);
                 let mode = Mode::Decode {
                     n_seg,
                     tps,
                     per_task,
-                    n_tasks,
                     part0,
                 };
                 if n_seg > 1 {
                     part0 += shape.n_heads * n_seg;
                 }
-                (mode, shape.n_kv_heads * n_tasks)
+                (mode, shape.n_kv_heads * mode.decode_tasks())
             } else {
                 let q_tile = chunk_q_tile(shape, s.n_q, threads);
                 let n_qt = s.n_q.div_ceil(q_tile);

@@ -164,21 +164,21 @@ mod tests {
     fn sixteen_bit_rows(dtype: KvDtype, round: fn(f32) -> f32) {
         let (dim, table) = (6, [2u32, 0, 1]);
         let mut f32c = LatentKvCache::new(2, dim, 3, 4);
-        let mut f16c = LatentKvCache::with_dtype(2, dim, 3, 4, dtype);
-        assert_eq!(f16c.dtype(), dtype);
-        assert_eq!(2 * f16c.bytes_per_token(), f32c.bytes_per_token());
+        let mut c16 = LatentKvCache::with_dtype(2, dim, 3, 4, dtype);
+        assert_eq!(c16.dtype(), dtype);
+        assert_eq!(2 * c16.bytes_per_token(), f32c.bytes_per_token());
         for pos in 0..12 {
             let row: Vec<f32> = (0..dim)
                 .map(|i| (pos * dim + i) as f32 / 7.0 - 3.0)
                 .collect();
             f32c.write(1, &table, pos, &row);
-            f16c.write(1, &table, pos, &row);
+            c16.write(1, &table, pos, &row);
         }
         let mut one = vec![0f32; dim];
         for (j0, n) in [(0, 12), (3, 5), (11, 1)] {
             let (mut a, mut b) = (vec![0f32; n * dim], vec![0f32; n * dim]);
             f32c.gather(1, &table, j0, &mut a);
-            f16c.gather(1, &table, j0, &mut b);
+            c16.gather(1, &table, j0, &mut b);
             for (i, (x, y)) in a.chunks_exact(dim).zip(b.chunks_exact(dim)).enumerate() {
                 let pos = j0 + i;
                 let want: Vec<f32> = (0..dim)
@@ -188,7 +188,7 @@ mod tests {
                 assert!(rounded != want, "row {pos}: rounding changed nothing");
                 assert_eq!(x, &want[..], "row {pos}");
                 assert_eq!(y, &rounded[..], "row {pos}");
-                assert_eq!(f16c.row(1, &table, pos, &mut one), &rounded[..]);
+                assert_eq!(c16.row(1, &table, pos, &mut one), &rounded[..]);
                 assert_eq!(f32c.row(1, &table, pos, &mut []), x);
             }
         }
