@@ -379,6 +379,7 @@ impl Scheduler {
             if req.num_uncomputed_tokens() != 0 {
                 continue;
             }
+            req.draft_record.generated(req.num_tokens(), s.token);
             let finish_reason = req.append_output(s.token, s.complete, bs, max_len);
             if let Some(reason) = finish_reason {
                 req.status = RequestStatus::Finished(reason);
@@ -441,12 +442,15 @@ impl Scheduler {
             .num_speculative_tokens
             .min(req.max_drafts(max_len))
             .min(room);
+        let looks_up = matches!(spec.method, SpecMethod::Ngram { .. });
         if spec.adaptive
+            && !looks_up
             && !req
                 .draft_record
                 .worth_proposing(k, global, budget.draft_threshold)
         {
-            // Under load nothing this request could propose would be verified: skip the work.
+            // Under load nothing the draft model proposed would be verified: its proposal was
+            // not asked for. (Prompt lookup is cheap: its proposal is kept as a guess.)
             req.drafts.clear();
             return 0;
         }
@@ -463,9 +467,9 @@ impl Scheduler {
             SpecMethod::DraftModel => req.drafts.clear(),
         }
         if spec.adaptive {
-            let proposed = req.drafts.len();
+            let pos = req.num_tokens();
             let record = &mut req.draft_record;
-            let keep = record.drafts_to_take(proposed, global, budget.draft_threshold);
+            let keep = record.drafts_to_take(&req.drafts, pos, global, budget.draft_threshold);
             req.drafts.truncate(keep);
         }
         req.drafts.len()

@@ -15,10 +15,18 @@
 //! drafts ([`DraftRecord`]), recent ones weighing most (text turns repetitive and back), and
 //! smoothed toward the engine's rate (a request's first drafts count on the others').
 //!
-//! A request whose drafts stopped paying would never be tried again, and never notice its
-//! text turned into something prompt lookup predicts. So where rows are cheap (threshold
-//! below [`PROBE_BELOW`]) a request that keeps having proposals but verifies none verifies
-//! one every [`PROBE_EVERY`] steps: a probe costs one row now and then, and only there.
+//! A request that verifies no drafts would never learn that its text turned into something
+//! the proposer predicts — under load, a request whose estimate starts at the engine's rate
+//! (say 0.74, from earlier traffic) below the step's threshold (0.9) would never speculate,
+//! however well its own drafts would do. So a proposal not verified is kept as a **guess**:
+//! the token the request then generates at that position settles it, accepted as the draft
+//! would have been (greedy: the same token; sampled: with the chance `p(draft)` the accept
+//! rule gives it), at no cost but the proposing. Guesses come one a step, so the record
+//! forgets them more slowly ([`GUESS_DECAY`]) than verified drafts, which come several a step.
+//! Prompt lookup proposes every step; a draft model only where its guesses could be verified
+//! (they cost forward passes), so where rows are cheap (threshold below [`PROBE_BELOW`]) a
+//! request that has proposals but verifies none also verifies one every [`PROBE_EVERY`]
+//! steps: a probe costs one row now and then, and only there.
 
 use crate::sla::{StepFeatures, StepTimeModel};
 
@@ -26,18 +34,23 @@ use crate::sla::{StepFeatures, StepTimeModel};
 const PRIOR_DRAFTS: f64 = 4.0;
 /// Each verification step scales a request's earlier record by this.
 const DECAY: f64 = 0.9;
+/// Each settled guess (one draft, a step) scales it by this: about 30 guesses' memory, so
+/// a request whose guesses all hold reaches ~0.97 even from a prior of 0.
+const GUESS_DECAY: f64 = 0.97;
 /// A probe every this many steps that had a proposal but verified nothing...
 pub const PROBE_EVERY: u32 = 8;
 /// ...where a row costs at most this share of the step's tokens per row.
 pub const PROBE_BELOW: f64 = 0.5;
 
-/// How a request's drafts have fared: verified and accepted drafts, recent ones weighing
-/// most, and steps since it last verified one.
+/// How a request's drafts have fared: verified and accepted drafts (settled guesses among
+/// them), recent ones weighing most, steps since it last verified one, and its pending guess.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct DraftRecord {
     accepted: f64,
     verified: f64,
     idle_proposals: u32,
+    /// A draft not verified: (the position it proposed a token for, the token).
+    guess: Option<(usize, u32)>,
 }
 
 impl DraftRecord {
@@ -63,18 +76,40 @@ impl DraftRecord {
         k > 0 && (threshold < PROBE_BELOW || drafts_to_verify(k, self.rate(global), threshold) > 0)
     }
 
-    /// Of `proposed` drafts, those to verify this step under `threshold` (see the module).
-    pub fn drafts_to_take(&mut self, proposed: usize, global: f64, threshold: f64) -> usize {
+    /// Of `proposal` (drafts for positions `pos`, `pos + 1`, …), those to verify this step
+    /// under `threshold` (see the module); if none, its first draft becomes the guess.
+    pub fn drafts_to_take(
+        &mut self,
+        proposal: &[u32],
+        pos: usize,
+        global: f64,
+        threshold: f64,
+    ) -> usize {
+        let proposed = proposal.len();
         let take = drafts_to_verify(proposed, self.rate(global), threshold);
-        if take > 0 || proposed == 0 || threshold >= PROBE_BELOW {
+        self.guess = None;
+        if take > 0 || proposed == 0 {
             return take;
         }
-        self.idle_proposals += 1;
-        if self.idle_proposals >= PROBE_EVERY {
-            self.idle_proposals = 0;
-            return 1;
+        if threshold < PROBE_BELOW {
+            self.idle_proposals += 1;
+            if self.idle_proposals >= PROBE_EVERY {
+                self.idle_proposals = 0;
+                return 1;
+            }
         }
+        self.guess = Some((pos, proposal[0]));
         0
+    }
+
+    /// The request generated `token` at position `pos`: settles the guess for it.
+    pub fn generated(&mut self, pos: usize, token: u32) {
+        if let Some((at, draft)) = self.guess.take()
+            && at == pos
+        {
+            self.accepted = self.accepted * GUESS_DECAY + f64::from(u8::from(draft == token));
+            self.verified = self.verified * GUESS_DECAY + 1.0;
+        }
     }
 }
 
@@ -175,7 +210,7 @@ mod tests {
         }
         let steps = |r: &mut DraftRecord, threshold| {
             (0..2 * PROBE_EVERY)
-                .map(|_| r.drafts_to_take(3, 0.0, threshold))
+                .map(|_| r.drafts_to_take(&[7, 8, 9], 50, 0.0, threshold))
                 .collect::<Vec<_>>()
         };
         let cheap = steps(&mut r, 0.2);
@@ -188,6 +223,37 @@ mod tests {
         assert!(DraftRecord::default().worth_proposing(3, 0.7, 0.5));
         assert!(!DraftRecord::default().worth_proposing(0, 0.7, 0.0));
         // No proposal, no probe.
-        assert_eq!(r.drafts_to_take(0, 0.0, 0.0), 0);
+        assert_eq!(r.drafts_to_take(&[], 50, 0.0, 0.0), 0);
+    }
+
+    #[test]
+    fn guesses_settled_by_the_generated_tokens_lift_a_request_over_a_high_threshold() {
+        // Under load (threshold 0.9) a new request starts at the engine's 0.74: no drafts.
+        let (global, threshold) = (0.74, 0.9);
+        let mut r = DraftRecord::default();
+        let mut step = |r: &mut DraftRecord, pos: usize, right: bool| {
+            let taken = r.drafts_to_take(&[5, 6, 7], pos, global, threshold);
+            if taken == 0 {
+                r.generated(pos, if right { 5 } else { 4 });
+            }
+            taken
+        };
+        assert_eq!(step(&mut r, 10, true), 0);
+        // Its guesses hold step after step: a few steps later (seven) it verifies drafts.
+        let first = (11..60).find(|&pos| step(&mut r, pos, true) > 0);
+        assert!(first.is_some_and(|p| p < 35), "{first:?}");
+        // A request whose guesses mostly miss stays off: 3 in 4 right is below 0.9.
+        let mut miss = DraftRecord::default();
+        let taken: usize = (0..400).map(|i| step(&mut miss, i, i % 4 != 0)).sum();
+        assert_eq!(taken, 0);
+        // A guess settles only at its own position, once.
+        let mut g = DraftRecord::default();
+        assert_eq!(g.drafts_to_take(&[5], 10, 0.0, threshold), 0);
+        g.generated(11, 5);
+        assert_eq!(g.rate(0.0), 0.0);
+        assert_eq!(g.drafts_to_take(&[5], 10, 0.0, threshold), 0);
+        g.generated(10, 5);
+        g.generated(10, 5);
+        assert!((g.rate(0.0) - 1.0 / 5.0).abs() < 1e-12, "{}", g.rate(0.0));
     }
 }

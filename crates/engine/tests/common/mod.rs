@@ -9,7 +9,8 @@
 //! [`reference`] output token for token.
 //!
 //! With a copy period `P` (speculative decoding tests) the model mostly repeats itself: where
-//! the visible KV's hash is not a multiple of 4 it emits the token `P` positions back (read
+//! the visible KV's hash is not a multiple of 4 (of `copy_miss_one_in`; 0: always) it emits
+//! the token `P` positions back (read
 //! through the block table too; only when that is inside the window), so prompt lookup proposes drafts that are usually but not
 //! always right. A chunk with drafts is verified as the real runner does: a token after each
 //! of its positions from the last known one, continuing while the draft matches. Rejected
@@ -38,11 +39,12 @@ fn mix(a: u64, b: u64) -> u64 {
 }
 
 /// The token a model emits after attending to `kv` (the visible KV values, oldest first);
-/// `copied`: the token `P` positions back, under a copy period.
-fn emit(kv: impl Iterator<Item = u64>, copied: Option<u32>) -> u32 {
+/// `copied`: the token `P` positions back, under a copy period, emitted unless the hash is a
+/// multiple of `miss_one_in` (0: always).
+fn emit(kv: impl Iterator<Item = u64>, copied: Option<u32>, miss_one_in: u64) -> u32 {
     let acc = kv.fold(SEED, mix);
     match copied {
-        Some(t) if !acc.is_multiple_of(4) => t,
+        Some(t) if miss_one_in == 0 || !acc.is_multiple_of(miss_one_in) => t,
         _ if acc.is_multiple_of(17) => EOS,
         _ => 1 + (acc % (VOCAB - 1)) as u32,
     }
@@ -54,8 +56,10 @@ pub struct FakeRunner {
     /// `[num_blocks · block_size]` fake KV values, and the token written with each.
     slots: Vec<u64>,
     slot_tokens: Vec<u32>,
-    /// The fake model mostly repeats the token this many positions back.
+    /// The fake model mostly repeats the token this many positions back...
     pub copy_period: Option<usize>,
+    /// ...missing about one time in this many (0: never).
+    pub copy_miss_one_in: u64,
 }
 
 impl FakeRunner {
@@ -66,6 +70,7 @@ impl FakeRunner {
             slots: vec![0; cfg.num_blocks * cfg.block_size],
             slot_tokens: vec![0; cfg.num_blocks * cfg.block_size],
             copy_period: None,
+            copy_miss_one_in: 4,
         }
     }
 
@@ -126,7 +131,8 @@ impl FakeRunner {
             .copy_period
             .filter(|&p| end >= p && self.window.is_none_or(|w| p <= w))
             .map(|p| self.slot_tokens[self.slot(table, end - p)]);
-        emit((lo..end).map(|p| self.slots[self.slot(table, p)]), copied)
+        let kv = (lo..end).map(|p| self.slots[self.slot(table, p)]);
+        emit(kv, copied, self.copy_miss_one_in)
     }
 }
 
@@ -138,6 +144,7 @@ pub fn reference(
     max_model_len: usize,
     window: Option<usize>,
     copy_period: Option<usize>,
+    copy_miss_one_in: u64,
 ) -> (Vec<u32>, FinishReason) {
     let mut seq = prompt.to_vec();
     let mut kv: Vec<u64> = Vec::new();
@@ -151,7 +158,7 @@ pub fn reference(
         let copied = copy_period
             .filter(|&p| seq.len() >= p && window.is_none_or(|w| p <= w))
             .map(|p| seq[seq.len() - p]);
-        let t = emit(kv[lo..].iter().copied(), copied);
+        let t = emit(kv[lo..].iter().copied(), copied, copy_miss_one_in);
         seq.push(t);
         out.push(t);
         let stop = (!params.ignore_eos && params.eos_token_id == Some(t))
@@ -457,6 +464,7 @@ impl Driver {
                 cfg.max_model_len,
                 cfg.sliding_window,
                 self.runner.copy_period,
+                self.runner.copy_miss_one_in,
             );
             if t.aborted {
                 assert!(want.starts_with(&t.output), "aborted {id} diverged");
