@@ -52,25 +52,23 @@ pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
                 ctx.load_q(p.q_row, g * grp + hr, &mut q[hr * hd..(hr + 1) * hd]);
             }
             // The K/V (8 KiB tiles of scattered blocks) come from memory, which the hardware
-            // prefetchers do not follow across blocks: while a tile is computed, the next is
-            // requested into L1 and the one after into L2. At 32 sequences × 192 keys over
-            // 30 layers' cache (`attention/decode_b32_ctx192_30_layers`) the L2 request took
-            // the call from 809 to 602 µs (medians of 6 interleaved runs; 3 and 4 tiles
-            // ahead: 635, 670). Requesting every tile into L1 up front stalls on the line fill
-            // buffers before any compute starts (~9% slower than one tile ahead).
+            // prefetchers do not follow across blocks: while a tile is computed, the one
+            // after next is requested into L2. At 32 sequences × 192 keys over 30 layers'
+            // cache (`attention/decode_b32_ctx192_30_layers`) that took the call from 809 to
+            // 602 µs with the next tile also requested into L1 (medians of 6 interleaved
+            // runs; 3 and 4 tiles ahead: 635, 670), and to 480–590 µs without the L1 requests
+            // (A/B rounds 510–690 with them). Requesting every tile into L1 up front stalls
+            // on the line fill buffers before any compute starts.
             let first = segs.start * tps;
             ctx.kv.prefetch_tile(table, g, first);
-            ctx.kv.prefetch_tile_l2(table, g, first + 1);
+            ctx.kv.prefetch_tile(table, g, first + 1);
             for seg in segs {
                 m.fill(f32::NEG_INFINITY);
                 l.fill(0.0);
                 acc.fill(0.0);
                 for tile in seg * tps..((seg + 1) * tps).min(n_tiles) {
-                    if tile + 1 < end {
-                        ctx.kv.prefetch_tile(table, g, tile + 1);
-                    }
                     if tile + 2 < end {
-                        ctx.kv.prefetch_tile_l2(table, g, tile + 2);
+                        ctx.kv.prefetch_tile(table, g, tile + 2);
                     }
                     let nv = (n_ctx - tile * KEY_TILE).min(KEY_TILE);
                     n_valid.fill(nv as u32);

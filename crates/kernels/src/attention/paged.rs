@@ -168,25 +168,14 @@ impl<T: KvElem> PagedKv<'_, T> {
 
 impl<T: KvElem> PagedKv<'_, T> {
     /// Asks the CPU to start loading keys and values `tile * KEY_TILE ..` of head `head` into
-    /// cache (a hint: no effect on results, nothing if the tile is not read in place or lies
-    /// past the table). Decode attention streams each sequence's K/V from memory once per
-    /// step in 4 KiB tiles of scattered blocks, which the hardware prefetchers do not follow
-    /// across blocks; prefetching the next tile while the current one is computed overlaps
-    /// the two.
+    /// L2 (a hint: no effect on results, nothing if the tile is not read in place or lies
+    /// past the table). Attention streams each sequence's K/V from memory once per step in
+    /// 4 KiB runs of scattered blocks, which the hardware prefetchers do not follow across
+    /// blocks; requesting the tile after next while the current one is computed overlaps
+    /// the two. Into L2, not L1: the L1 prefetcher follows a tile's contiguous lines on its
+    /// own, and a request into L1 holds a miss buffer per line.
     #[inline]
     pub(crate) fn prefetch_tile(&self, block_table: &[u32], head: usize, tile: usize) {
-        self.prefetch_tile_to::<TO_L1>(block_table, head, tile)
-    }
-
-    /// [`Self::prefetch_tile`] into L2 only: for the tile after the next, whose lines would
-    /// otherwise hold L1's miss buffers for a whole tile's compute.
-    #[inline]
-    pub(crate) fn prefetch_tile_l2(&self, block_table: &[u32], head: usize, tile: usize) {
-        self.prefetch_tile_to::<TO_L2>(block_table, head, tile)
-    }
-
-    #[inline]
-    fn prefetch_tile_to<const HINT: i32>(&self, block_table: &[u32], head: usize, tile: usize) {
         let lay = &self.layout;
         let pos0 = tile * KEY_TILE;
         if !lay.block_size.is_multiple_of(KEY_TILE) || pos0 >= block_table.len() * lay.block_size {
@@ -206,26 +195,22 @@ impl<T: KvElem> PagedKv<'_, T> {
         // The line of each key row of K (16 lanes: one line of f32, half of f16), and the
         // value rows' lines.
         for d in 0..hd {
-            prefetch::<HINT, T>(self.k[k0 + d * lay.block_size..].as_ptr());
+            prefetch(self.k[k0 + d * lay.block_size..].as_ptr());
         }
         for off in (0..KEY_TILE * hd).step_by(64 / std::mem::size_of::<T>()) {
-            prefetch::<HINT, T>(self.v[v0 + off..].as_ptr());
+            prefetch(self.v[v0 + off..].as_ptr());
         }
     }
 }
 
-/// `_mm_prefetch` hints: into L1 (`T0`) or into L2 (`T1`).
-const TO_L1: i32 = 3;
-const TO_L2: i32 = 2;
-
-/// A prefetch hint (`HINT`: [`TO_L1`] or [`TO_L2`]) for the cache line holding `p` (no
-/// architectural effect).
+/// A hint to load the cache line holding `p` into L2 (`_mm_prefetch` `T1`; no architectural
+/// effect).
 #[inline(always)]
-fn prefetch<const HINT: i32, T>(p: *const T) {
+fn prefetch<T>(p: *const T) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch never faults and does not change memory; `p` points into a slice.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<HINT>(p.cast());
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p.cast());
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;

@@ -61,7 +61,17 @@ pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
         l.fill(0.0);
         acc.fill(0.0);
         let n_tiles = (pos0 + n_tok).div_ceil(KEY_TILE);
+        // The K/V stream prefetched as a decode task's is (see `super::decode`): a
+        // verification chunk's few rows leave it nearly as memory-bound as a decode
+        // (`attention/verify6_b1_ctx400_30_layers` 75–85 → 58–59 µs, A/B rounds; with the
+        // next tile also requested into L1, 68–70 µs and the in-cache `verify6_b1_ctx320`
+        // 15% slower).
+        ctx.kv.prefetch_tile(table, g, 0);
+        ctx.kv.prefetch_tile(table, g, 1);
         for tile in 0..n_tiles {
+            if tile + 2 < n_tiles {
+                ctx.kv.prefetch_tile(table, g, tile + 2);
+            }
             let k0 = tile * KEY_TILE;
             // Tokens before `first` (positions < k0) see no key of this tile.
             let first = k0.saturating_sub(pos0);
