@@ -338,9 +338,12 @@ impl F32s for F32x16 {
 pub unsafe fn tile<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTile<E>) {
     debug_assert_eq!(KV * S::N, KEY_TILE);
     debug_assert_eq!(t.head_dim % S::N, 0);
+    // Blocks as even as `R` allows (9 rows: 3 + 3 + 3, not 4 + 4 + 1): a lone row shares no
+    // key load and leaves its softmax chain's latency bare.
+    let blocks = t.n_rows.div_ceil(R);
     let mut r = 0;
-    while r < t.n_rows {
-        let n = (t.n_rows - r).min(R);
+    for b in 0..blocks {
+        let n = (t.n_rows - r).div_ceil(blocks - b);
         unsafe {
             match n {
                 1 => rows::<S, E, KV, 1>(t, r),
