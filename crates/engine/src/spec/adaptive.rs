@@ -231,7 +231,7 @@ mod tests {
         // Under load (threshold 0.9) a new request starts at the engine's 0.74: no drafts.
         let (global, threshold) = (0.74, 0.9);
         let mut r = DraftRecord::default();
-        let mut step = |r: &mut DraftRecord, pos: usize, right: bool| {
+        let step = |r: &mut DraftRecord, pos: usize, right: bool| {
             let taken = r.drafts_to_take(&[5, 6, 7], pos, global, threshold);
             if taken == 0 {
                 r.generated(pos, if right { 5 } else { 4 });

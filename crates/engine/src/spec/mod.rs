@@ -11,7 +11,9 @@
 //!   attention whether accepted or not; the step-time model says what a row costs now, the
 //!   request's acceptance so far what it is likely to return. A draft is verified only while
 //!   its expected yield beats the step's own tokens per row, so a large (compute-bound) batch
-//!   takes none and speculation never costs throughput under load.
+//!   takes only near-certain ones and speculation does not cost throughput under load. A
+//!   proposal not verified is a guess the request's next token settles, so its estimate
+//!   keeps learning without a row spent.
 //! - **schedule**: a decode with `k` drafts is one chunk of `1 + k` tokens — its last sampled
 //!   token then the drafts — inside the step's token budget, with KV slots for all of them.
 //! - **verify** (the runner): every row's logits; row `i` is sampled exactly as a plain decode
