@@ -104,8 +104,8 @@ if PHASE == "prefixes":
     # A cache-aware gateway sends a prompt that matches no cached prefix to the least-loaded
     # worker and breaks ties at random (smg 1.13), so a first round sent one by one, every
     # worker idle each time, lands wherever the coin says. In flight together, the gateway's
-    # in-flight counts usually spread the five 3/2 — but not always (all five landed on one
-    # worker in a CI run), so the split is reported for the test to judge.
+    # in-flight counts usually spread the five over both — but not always (all five landed on
+    # one worker in a CI run), so the split is reported for the test to judge.
     concurrently(lambda i: complete(prefix(i) + " Question 0: what comes next?"), range(5))
     first_round = served(before)
     for rnd in range(1, 4):
