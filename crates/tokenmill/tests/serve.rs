@@ -833,29 +833,24 @@ fn gateway_workers() -> [Server; 2] {
 #[test]
 fn behind_sglangs_model_gateway() {
     let bin = install_deps("gateway-deps.sh");
-    // The comparison presumes the first round of five new prefixes went out 3/2: smg breaks
-    // cold-start ties at random, and a burst occasionally lands whole on one worker (whose
-    // cache of three then evicts its way through five). Such a run is smg's coin, not
-    // tokenmill's behaviour, so it is run again on fresh workers — at most twice, so a
-    // systematic lopsidedness still fails.
+    // The comparison presumes the first round of five new prefixes reached both workers: smg
+    // breaks cold-start ties at random, and a burst occasionally lands whole on one worker
+    // (whose cache of three then evicts its way through five: hit rate 0.08 in a CI run; a
+    // 4/1 split still gives ~0.6). Such a run is smg's coin, not tokenmill's behaviour, so it
+    // is run again on fresh workers — at most twice, so a systematic lopsidedness still fails.
     let hit_rate = |policy: &str| {
-        for attempt in 1..=3 {
+        let mut attempt = 1;
+        loop {
             let w = gateway_workers();
             let g = Gateway::start(&bin, "smg", policy, &[&w[0], &w[1]]);
             let r = g.phase("prefixes", &[&w[0], &w[1]]);
             eprintln!("smg {policy} (attempt {attempt}): {r}");
-            let mut first: Vec<f64> = serde_json::from_value(r["first_round"].clone()).unwrap();
-            first.sort_by(f64::total_cmp);
-            if first == [2.0, 3.0] || attempt == 3 {
-                assert_eq!(
-                    first,
-                    [2.0, 3.0],
-                    "smg split the first round {first:?} 3 times"
-                );
+            let first: Vec<f64> = serde_json::from_value(r["first_round"].clone()).unwrap();
+            if first.iter().all(|&n| n > 0.0) || attempt == 3 {
                 return r["hit_rate"].as_f64().unwrap();
             }
+            attempt += 1;
         }
-        unreachable!()
     };
     let (cache_aware, round_robin) = (hit_rate("cache_aware"), hit_rate("round_robin"));
     assert!(cache_aware > 0.3, "{cache_aware}");

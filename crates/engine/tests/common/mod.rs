@@ -10,9 +10,8 @@
 //!
 //! With a copy period `P` (speculative decoding tests) the model mostly repeats itself: where
 //! the visible KV's hash is not a multiple of 4 (of `copy_miss_one_in`; 0: always) it emits
-//! the token `P` positions back (read
-//! through the block table too; only when that is inside the window), so prompt lookup proposes drafts that are usually but not
-//! always right. A chunk with drafts is verified as the real runner does: a token after each
+//! the token `P` positions back (read through the block table too; only when that is inside
+//! the window), so prompt lookup proposes drafts that are usually but not always right. A chunk with drafts is verified as the real runner does: a token after each
 //! of its positions from the last known one, continuing while the draft matches. Rejected
 //! drafts leave their KV and tokens in the slots; a cursor that moved over one would read
 //! them and diverge from the reference.
