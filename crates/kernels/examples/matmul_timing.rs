@@ -1,5 +1,6 @@
 //! Rough per-matmul timings with the default model's shapes (SmolLM2-135M: hidden 576, ffn
-//! 1536, Q4_1 layers, Q8_0 vocab projection of 49152 rows). Not a benchmark harness and never
+//! 1536, Q4_1 layers, Q8_0 vocab projection of 49152 rows), then Q5_0 and Q4_K matrices of
+//! similar sizes. Not a benchmark harness and never
 //! an assertion — a quick look at one tier and pool size:
 //!
 //! ```text
@@ -37,6 +38,11 @@ fn main() {
         (GgmlType::Q4_1, 1536, 576),
         (GgmlType::Q4_1, 576, 1536),
         (GgmlType::Q8_0, 49152, 576),
+        // The other formats the AMX tier takes, at similar sizes (K-quant rows are whole
+        // 256-column blocks).
+        (GgmlType::Q5_0, 1536, 576),
+        (GgmlType::Q4_K, 1536, 768),
+        (GgmlType::Q4_K, 768, 1536),
     ] {
         let w: Vec<u8> = (0..n)
             .flat_map(|_| random_weight_row(&mut rng, ty, k))

@@ -24,9 +24,9 @@
 //! | attention tile / merge (head dim a multiple of the lanes), f32, f16 or bf16 K/V | reference | AVX2 + F16C (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
 //! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 //!
-//! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q8_0; not
-//! yet Q5_0 or Q4_K, which stay on the VNNI kernels) on AMX int8 tiles for calls of 16 or more
-//! activation rows, bit-identical to the VNNI kernels
+//! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q5_0, Q8_0
+//! and Q4_K; not Q6_K, whose 16-column sub-blocks stay on the VNNI kernels) on AMX int8 tiles
+//! for calls of 16 or more activation rows, bit-identical to the VNNI kernels
 //! (`simd/x86/amx.rs`).
 
 use std::sync::OnceLock;

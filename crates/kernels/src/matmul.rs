@@ -402,7 +402,8 @@ unsafe fn matmul_amx(
 ) {
     use crate::simd::x86::amx::{ACT_TILE_BYTES, AmxJob, TILE_M};
     let k = parts[0].w.cols;
-    let nb = k / parts[0].kern.block_size;
+    // Blocks of 32 columns (a Q4_K block is eight of them, each with its own A16 block).
+    let nb = k / crate::quant::QK;
     with_quantized(pool, &parts[0].kern, x, k, |act, a_row| {
         AMX_ACT.with_borrow_mut(|buf| {
             let m_tiles = n_tokens.div_ceil(TILE_M);

@@ -1,6 +1,7 @@
 //! The AMX tier's matmul against its plain twin, the AVX-512 VNNI Rows16 kernels: every output
 //! bit-identical (the tiles compute the same exact integer block sums, and the f32 side repeats
-//! the VNNI kernel's operations in its order), on shapes around the tile sizes (activation rows
+//! the VNNI kernel's operations in its order), for each weight type the tiles take (Q4_0, Q4_1,
+//! Q5_0, Q8_0, Q4_K), on shapes around the tile sizes (activation rows
 //! 16·m ± 1, partial weight groups, one block and many), with extreme activations (quants of
 //! ±32767, whose high byte is -128 and low byte 255) and Q8_0 weights of -128, on 1 and 2
 //! threads, and inside a fused multi-matrix call. The reference-twin and batch-invariance tests
@@ -15,7 +16,13 @@ use tokenmill_kernels::pool::ThreadPool;
 use tokenmill_kernels::quant::GgmlType;
 use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
 
-const TYPES: [GgmlType; 3] = [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q8_0];
+const TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+];
 
 /// The AMX tier and its twin, or `None` (after saying why) where this CPU cannot run it.
 fn tiers(test: &str) -> Option<(Kernels, Kernels)> {
@@ -72,7 +79,7 @@ fn amx_matmul_is_bit_identical_to_the_vnni_kernels() {
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let mut rng = SplitMix64::new(0xA3);
     // (weight rows, blocks of 32 columns, activation rows)
-    let shapes = [
+    let shapes: [(usize, usize, usize); 7] = [
         (16, 1, 16),
         (17, 2, 17),
         (1, 3, 31),
@@ -83,7 +90,8 @@ fn amx_matmul_is_bit_identical_to_the_vnni_kernels() {
     ];
     for ty in TYPES {
         for (n, nb, t) in shapes {
-            let k = 32 * nb;
+            // Whole blocks of the type: Q4_K's 256 columns are eight blocks of 32.
+            let k = 32 * nb.next_multiple_of(ty.block_size() / 32);
             let w = weights(&mut rng, ty, n, k);
             let packed = PackedMatrix::pack(&QMatrix::new(ty, n, k, &w)).expect("Rows16 type");
             let x = activations(&mut rng, t, k);
@@ -117,6 +125,7 @@ fn amx_fused_matmul_matches_each_matrix_alone() {
         (GgmlType::Q4_1, 48),
         (GgmlType::Q8_0, 20),
         (GgmlType::Q4_0, 16),
+        (GgmlType::Q5_0, 24),
     ]
     .into_iter()
     .map(|(ty, n)| (ty, n, weights(&mut rng, ty, n, k)))

@@ -141,7 +141,7 @@ pub struct TierFns {
 }
 
 /// The AMX tier's matmul kernels ([`x86::amx`]): the activation splitter and, by weight type,
-/// the group runner of Rows16 weights (Q4_0, Q4_1, Q8_0).
+/// the group runner of Rows16 weights (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub struct AmxFns {

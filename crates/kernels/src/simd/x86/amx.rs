@@ -1,6 +1,7 @@
 //! AMX (Advanced Matrix Extensions) matmul of [Rows16](crate::quant::rows16) weights (Q4_0,
-//! Q4_1, Q8_0) against A16 activations, for calls with many activation rows (prefill, large
-//! decode batches) — **bit-identical** to the AVX-512 VNNI Rows16 kernel ([`super::rows16`]).
+//! Q4_1, Q5_0, Q8_0, Q4_K) against A16 activations, for calls with many activation rows
+//! (prefill, large decode batches) — **bit-identical** to the AVX-512 VNNI Rows16 kernel
+//! ([`super::rows16`]).
 //!
 //! Why int8 tiles can compute a 16-bit dot exactly: an A16 quant `q` (i16) is
 //! `256 · hi + lo` with `hi = q >> 8` (i8) and `lo = q & 0xFF` (u8). Per block of 32 columns,
@@ -8,7 +9,8 @@
 //! in i32, for 16 activation rows × 16 weight rows at once; `(Σ w·hi << 8) + Σ w·lo` is the
 //! block's exact integer sum, the same `sumi` the VNNI kernel gets from `vpdpwssd`. The f32
 //! side then repeats that kernel's operations in its order, block by block:
-//! `acc = fma(f32(sumi), d_w · d_a, acc)`, and for Q4_1 `acc = fma(m_w, s_a, acc)`. So a row's
+//! `acc = fma(f32(sumi), d_w · d_a, acc)`, and for Q4_1 `acc = fma(m_w, s_a, acc)` (Q4_K: each
+//! 32-column sub-block is such a block, of scale `d · sc` and offset `−dmin · m`). So a row's
 //! result does not depend on whether it ran here or on the VNNI kernel, on its batch, or on the
 //! thread count.
 //!
@@ -18,22 +20,24 @@
 //!   rows past the last are zero;
 //! * weights: per 16-row group, each group-block becomes a `B` tile of 8 rows × 64 bytes
 //!   (byte `4n + j` of row `k4` is column `4·k4 + j` of weight row `n`, the quad layout the
-//!   tile instructions take), its 16 scales as f32 and, for Q4_1, its 16 offsets — built once
-//!   per group into a per-thread buffer and used by every row tile.
+//!   tile instructions take; Q4_0's and Q5_0's quants with their bias removed, Q5_0's fifth
+//!   bits ORed in), its 16 scales as f32 and, for Q4_1 and Q4_K, its 16 offsets — built once
+//!   per group into a per-thread buffer ([`AmxFmt`]) and used by every row tile.
 //!
 //! Tiles: `tmm0/tmm1` and `tmm2/tmm3` are the (hi, lo) sums of alternate blocks (so the AMX
 //! unit could run a block while the vector units fold the previous one — on the development
 //! Xeon the two barely overlap, and the fold, ~6 vector operations per row and block, bounds
-//! the kernel: BENCHMARKS.md), `tmm4/tmm5` the activation hi/lo tiles, `tmm6` the weight tile. Every task loads the tile configuration
-//! ([`TILECFG`]) and releases the tiles when done. The process must have asked Linux for the
+//! the kernel: BENCHMARKS.md), `tmm4/tmm5` the activation hi/lo tiles, `tmm6` the weight tile.
+//! Every task loads the tile configuration ([`TILECFG`]) and releases the tiles when done. The process must have asked Linux for the
 //! tile state ([`request_permission`]) before any of this runs.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use super::rows16::Fmt16;
-use crate::quant::rows16::GROUP;
+use super::rows16::{Fmt16, R16Q4_K, Z512, k4_scales};
+use crate::quant::GgmlType;
+use crate::quant::rows16::{self, GROUP};
 
 /// Activation rows per tile.
 pub const TILE_M: usize = 16;
@@ -164,7 +168,7 @@ pub unsafe fn split_a16(a: *const u8, a_row: usize, n_rows: usize, nb: usize, ds
 pub struct AmxJob {
     /// Blocks of 32 columns.
     pub nb: usize,
-    /// The weight groups: group `g` at `w + g * nb * F::BYTES`.
+    /// The weight groups: group `g` at `w + g * nb * F::BYTES32` ([`AmxFmt`]).
     pub w: *const u8,
     /// Real weight rows (the last group may be partial).
     pub rows: usize,
@@ -198,6 +202,24 @@ thread_local! {
     static WTILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// A Rows16 weight format the AMX kernel takes: how one 32-column block of a group becomes a
+/// `B` tile of int8 weights, 16 f32 scales and (for formats with an offset) 16 f32 offsets —
+/// the same per-block `(d_w, m_w)` the VNNI kernel applies, so the fold repeats its operations.
+pub trait AmxFmt {
+    /// Bytes of a group per 32 columns: group `g` of a matrix of `nb` such blocks starts
+    /// `g · nb · BYTES32` bytes in.
+    const BYTES32: usize;
+    /// Whether the fold adds `m_w · s_a` (Q4_1, Q4_K).
+    const HAS_M: bool;
+    /// Writes block `b` of the group at `wg` into `dst` ([`W_TILE_BYTES`]): the `B` tile
+    /// (512 bytes), the scales, and the offsets where the format has them.
+    ///
+    /// # Safety
+    ///
+    /// `wg` holds the group's `b + 1` first blocks, `dst` is writable, AVX-512 F + BW + VL.
+    unsafe fn build_block(wg: *const u8, b: usize, dst: *mut u8);
+}
+
 /// The word index that interleaves the 16-bit words of two 32-byte chunks (`x[0..16]` from the
 /// first, `x[16..32]` from the second): words `n` of both end up side by side.
 #[inline(always)]
@@ -206,49 +228,108 @@ unsafe fn pair_index() -> __m512i {
     unsafe { _mm512_loadu_si512(idx.as_ptr().cast()) }
 }
 
-/// Builds the weight tile-blocks of one group (`nb` group-blocks at `wg`) into `dst`
-/// (`nb` × [`W_TILE_BYTES`]).
+/// Writes the `B` tile of 32 columns of 16 rows of nibbles in the Rows16 Q4 layout at `qs`
+/// into `tile`: each nibble `+ add`, and with `hbits` (Q5_0's fifth-bit planes) the fifth bit
+/// ORed in above it first.
 #[inline(always)]
-unsafe fn build_group<F: Fmt16>(wg: *const u8, nb: usize, dst: *mut u8) {
+unsafe fn nibble_tile(qs: *const u8, hbits: Option<*const u8>, add: i8, tile: *mut u8) {
     unsafe {
         let idx = pair_index();
         let low4 = _mm512_set1_epi8(0x0F);
-        for b in 0..nb {
+        let one = _mm512_set1_epi8(1);
+        for k4 in 0..4 {
+            // Chunks 2·k4 and 2·k4 + 1 hold column pairs 2·k4, 2·k4 + 1 (low nibbles) and
+            // 8 pairs further (high nibbles): tile rows k4 and 4 + k4.
+            let x = _mm512_loadu_si512(qs.add(64 * k4).cast());
+            let mut lo = _mm512_and_si512(x, low4);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
+            if let Some(planes) = hbits {
+                // Both chunks read plane k4 / 2: chunk c's bits are 2 (c % 4) (low nibbles)
+                // and 2 (c % 4) + 1 (high nibbles); shifts under 8 keep each byte's own bits.
+                let h = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+                    planes.add(2 * GROUP * (k4 / 2)).cast(),
+                ));
+                let s0 = (4 * (k4 % 2)) as i16;
+                let s =
+                    _mm512_mask_blend_epi64(0xF0, _mm512_set1_epi16(s0), _mm512_set1_epi16(s0 + 2));
+                let b_lo = _mm512_and_si512(_mm512_srlv_epi16(h, s), one);
+                let b_hi = _mm512_and_si512(
+                    _mm512_srlv_epi16(h, _mm512_add_epi16(s, _mm512_set1_epi16(1))),
+                    one,
+                );
+                lo = _mm512_or_si512(lo, _mm512_slli_epi16(b_lo, 4));
+                hi = _mm512_or_si512(hi, _mm512_slli_epi16(b_hi, 4));
+            }
+            if add != 0 {
+                lo = _mm512_add_epi8(lo, _mm512_set1_epi8(add));
+                hi = _mm512_add_epi8(hi, _mm512_set1_epi8(add));
+            }
+            _mm512_storeu_si512(tile.add(64 * k4).cast(), _mm512_permutexvar_epi16(idx, lo));
+            _mm512_storeu_si512(
+                tile.add(64 * (4 + k4)).cast(),
+                _mm512_permutexvar_epi16(idx, hi),
+            );
+        }
+    }
+}
+
+impl<F: Fmt16> AmxFmt for F {
+    const BYTES32: usize = F::BYTES;
+    const HAS_M: bool = F::HAS_M;
+
+    #[inline(always)]
+    unsafe fn build_block(wg: *const u8, b: usize, dst: *mut u8) {
+        unsafe {
             let wb = wg.add(b * F::BYTES);
             let qs = wb.add(F::QS);
-            let tile = dst.add(b * W_TILE_BYTES);
             if F::NIBBLES {
-                // Chunks 2·k4 and 2·k4 + 1 hold column pairs 2·k4, 2·k4 + 1 (low nibbles) and
-                // 8 pairs further (high nibbles): tile rows k4 and 4 + k4.
-                for k4 in 0..4 {
-                    let x = _mm512_loadu_si512(qs.add(64 * k4).cast());
-                    let mut lo = _mm512_and_si512(x, low4);
-                    let mut hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low4);
-                    if F::SUB8 {
-                        lo = _mm512_sub_epi8(lo, _mm512_set1_epi8(8));
-                        hi = _mm512_sub_epi8(hi, _mm512_set1_epi8(8));
-                    }
-                    _mm512_storeu_si512(
-                        tile.add(64 * k4).cast(),
-                        _mm512_permutexvar_epi16(idx, lo),
-                    );
-                    _mm512_storeu_si512(
-                        tile.add(64 * (4 + k4)).cast(),
-                        _mm512_permutexvar_epi16(idx, hi),
-                    );
-                }
+                let hbits = F::HBITS.then(|| wb.add(rows16::Q5_0_HBITS));
+                // Q4_0 stores its nibbles + 8, Q5_0 its five-bit quants + 16.
+                let add = match (F::SUB8, F::HBITS) {
+                    (true, _) => -8,
+                    (_, true) => -16,
+                    _ => 0,
+                };
+                nibble_tile(qs, hbits, add, dst);
             } else {
+                let idx = pair_index();
                 for k4 in 0..8 {
                     let x = _mm512_loadu_si512(qs.add(64 * k4).cast());
-                    _mm512_storeu_si512(tile.add(64 * k4).cast(), _mm512_permutexvar_epi16(idx, x));
+                    _mm512_storeu_si512(dst.add(64 * k4).cast(), _mm512_permutexvar_epi16(idx, x));
                 }
             }
-            let scales = tile.add(512).cast::<f32>();
+            let scales = dst.add(512).cast::<f32>();
             _mm512_storeu_ps(scales, _mm512_cvtph_ps(_mm256_loadu_si256(wb.cast())));
             if F::HAS_M {
                 let m = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(2 * GROUP).cast()));
                 _mm512_storeu_ps(scales.add(GROUP), m);
             }
+        }
+    }
+}
+
+/// Bytes of a Rows16 Q4_K group-block (256 columns of 16 rows).
+const Q4_K_BYTES: usize = GROUP * 144;
+
+impl AmxFmt for R16Q4_K {
+    const BYTES32: usize = Q4_K_BYTES / 8;
+    const HAS_M: bool = true;
+
+    /// Sub-block `b % 8` of group-block `b / 8`: its nibbles as Q4_1's, scale `d · sc` and
+    /// offset `−dmin · m` (the VNNI kernel adds `dmin·m · (−s_a)`; the product is the same).
+    #[inline(always)]
+    unsafe fn build_block(wg: *const u8, b: usize, dst: *mut u8) {
+        unsafe {
+            let (wb, j) = (wg.add(b / 8 * Q4_K_BYTES), b % 8);
+            let qs = wb.add(rows16::quants_offset(GgmlType::Q4_K) + j * rows16::Q4_K_SUB_BYTES);
+            nibble_tile(qs, None, 0, dst);
+            let (dsc, dm) = k4_scales::<Z512>(wb, j);
+            let scales = dst.add(512).cast::<f32>();
+            _mm512_storeu_ps(scales, dsc);
+            // −dm exactly (the sign bit flipped, so a zero stays a zero of the other sign, as
+            // −s_a's product gives it).
+            let neg = _mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32(i32::MIN));
+            _mm512_storeu_ps(scales.add(GROUP), _mm512_castsi512_ps(neg));
         }
     }
 }
@@ -291,7 +372,12 @@ unsafe fn block_tiles<const SET: usize>(act: *const u8, wt: *const u8, c: *mut i
 
 /// Folds one block's sums at `c` into the 16 rows' accumulators, as the VNNI kernel does.
 #[inline(always)]
-unsafe fn fold<F: Fmt16>(acc: &mut [__m512; TILE_M], c: *const i32, act: *const u8, wt: *const u8) {
+unsafe fn fold<F: AmxFmt>(
+    acc: &mut [__m512; TILE_M],
+    c: *const i32,
+    act: *const u8,
+    wt: *const u8,
+) {
     unsafe {
         let dw = _mm512_loadu_ps(wt.add(512).cast());
         let mw = if F::HAS_M {
@@ -320,7 +406,7 @@ unsafe fn fold<F: Fmt16>(acc: &mut [__m512; TILE_M], c: *const i32, act: *const 
 ///
 /// As [`AmxGroupsFn`].
 #[inline(always)]
-pub unsafe fn groups<F: Fmt16>(job: &AmxJob, g0: usize, g1: usize) {
+pub unsafe fn groups<F: AmxFmt>(job: &AmxJob, g0: usize, g1: usize) {
     unsafe {
         let nb = job.nb;
         let m_tiles = job.n_rows.div_ceil(TILE_M);
@@ -341,8 +427,13 @@ pub unsafe fn groups<F: Fmt16>(job: &AmxJob, g0: usize, g1: usize) {
             for gb in (g0..g1).step_by(BATCH_GROUPS) {
                 let n_groups = (g1 - gb).min(BATCH_GROUPS);
                 for g in 0..n_groups {
-                    let wg = job.w.add((gb + g) * nb * F::BYTES);
-                    build_group::<F>(wg, nb, wt0.add(g * nb * W_TILE_BYTES));
+                    let (wg, wt) = (
+                        job.w.add((gb + g) * nb * F::BYTES32),
+                        wt0.add(g * nb * W_TILE_BYTES),
+                    );
+                    for b in 0..nb {
+                        F::build_block(wg, b, wt.add(b * W_TILE_BYTES));
+                    }
                 }
                 // Row tiles outer: one row tile's activations (nb tile-blocks) stay in cache
                 // while each group of the batch passes over them.

@@ -446,7 +446,7 @@ pub trait Fmt16 {
     /// Nibbles are stored `+ 8` (Q4_0).
     const SUB8: bool;
     /// Nibbles take a fifth bit from the planes at [`rows16::Q5_0_HBITS`] and are stored
-    /// `+ 16` (Q5_0; not a format of the AMX kernels).
+    /// `+ 16` (Q5_0).
     const HBITS: bool = false;
 }
 
@@ -614,7 +614,7 @@ const Q4_K_BYTES: usize = 16 * 144;
 /// `(d · sc_j, dmin · m_j)` of sub-block `j` of the 16 rows of the Q4_K group-block at `wb`,
 /// decoded from its three scale planes as ggml's `get_scale_min_k4` does per row.
 #[inline(always)]
-unsafe fn k4_scales<L: Lanes16>(wb: *const u8, j: usize) -> (L::F, L::F) {
+pub(super) unsafe fn k4_scales<L: Lanes16>(wb: *const u8, j: usize) -> (L::F, L::F) {
     unsafe {
         let plane = |k: usize| L::load_u32(wb.add(rows16::Q4_K_SCALES + 4 * GROUP * k));
         let (u0, u1, u2) = (plane(0), plane(1), plane(2));

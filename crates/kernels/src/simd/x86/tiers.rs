@@ -309,6 +309,8 @@ pub mod amx_int8 {
     amx_entry!(q4_0_groups, rows16::R16Q4_0);
     amx_entry!(q4_1_groups, rows16::R16Q4_1);
     amx_entry!(q8_0_groups, rows16::R16Q8_0);
+    amx_entry!(q5_0_groups, rows16::R16Q5_0);
+    amx_entry!(q4_k_groups, rows16::R16Q4_K);
 
     /// # Safety
     ///
@@ -325,6 +327,8 @@ pub mod amx_int8 {
         groups[GgmlType::Q4_0 as usize] = Some(q4_0_groups);
         groups[GgmlType::Q4_1 as usize] = Some(q4_1_groups);
         groups[GgmlType::Q8_0 as usize] = Some(q8_0_groups);
+        groups[GgmlType::Q5_0 as usize] = Some(q5_0_groups);
+        groups[GgmlType::Q4_K as usize] = Some(q4_k_groups);
         t.amx = Some(AmxFns { split, groups });
         t
     }
