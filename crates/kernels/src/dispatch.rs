@@ -125,6 +125,34 @@ impl Tier {
     }
 }
 
+/// The AMX int8 tile unit's ceiling on the calling thread, in multiply-adds per second: full-size
+/// `tdpbusd` on register-resident tiles for about `min` (best of three), or `None` where the AMX
+/// tier cannot run. What a kernel could reach if tile loads, stores and the vector side cost
+/// nothing — the roof `profile report` sets the integer matmuls against on an AMX machine.
+pub fn amx_int8_peak_macs(min: std::time::Duration) -> Option<f64> {
+    amx_status().ok()?;
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::simd::x86::amx::{PEAK_MACS_PER_OP, tdpbusd_rounds};
+        let mut best = 0f64;
+        for _ in 0..3 {
+            let (t, mut rounds) = (std::time::Instant::now(), 0u64);
+            while t.elapsed() < min / 3 || rounds == 0 {
+                // SAFETY: amx_status() said the CPU has AMX-INT8 and Linux granted the tiles.
+                unsafe { tdpbusd_rounds(10_000) };
+                rounds += 10_000;
+            }
+            let macs = (rounds * 4 * PEAK_MACS_PER_OP) as f64;
+            best = best.max(macs / t.elapsed().as_secs_f64());
+        }
+        Some(best)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
 /// Whether the AMX tier can run: the CPU reports AMX-TILE and AMX-INT8 and Linux granted this
 /// process the tile state (asked once, on first call); else why not.
 fn amx_status() -> Result<(), &'static str> {

@@ -122,11 +122,16 @@ pub fn render(a: &Analysis, roof: &Roofline, top: usize) -> String {
         a.output_tok_s(),
         a.processed_tokens
     );
-    let _ = writeln!(
+    let _ = write!(
         s,
         "roofline ({} threads): int dot {:.1} GFLOP/s, f32 FMA {:.1} GFLOP/s, memory {:.1} GB/s",
         roof.threads, roof.int_gflops, roof.f32_gflops, roof.mem_gbps
     );
+    match roof.amx_int8_gflops {
+        Some(t) => writeln!(s, "; AMX int8 tiles {t:.0} GOP/s (%tile)"),
+        None => writeln!(s),
+    }
+    .ok();
     render_ops(&mut s, a, roof, top);
     render_gaps(&mut s, a);
     render_workers(&mut s, a);
@@ -171,25 +176,42 @@ fn render_workers(s: &mut String, a: &Analysis) {
 /// (attention, the router's f32 matmul, RoPE and the norms), the integer dot roof for the
 /// quantized matmuls — or for float weights, the better of the two.
 fn op_roof(roof: &Roofline, name: &str) -> f64 {
-    match name {
-        "attention" | "moe_router" | "rope+kv_write" | "add_rms_norm" => roof.f32_gflops,
-        _ => roof.peak_gflops(),
+    if is_f32_op(name) {
+        roof.f32_gflops
+    } else {
+        roof.peak_gflops()
     }
+}
+
+/// Whether op `name` computes in f32 (not on the integer matmul path).
+fn is_f32_op(name: &str) -> bool {
+    matches!(
+        name,
+        "attention" | "moe_router" | "rope+kv_write" | "add_rms_norm"
+    )
 }
 
 fn render_ops(s: &mut String, a: &Analysis, roof: &Roofline, top: usize) {
     let total: f64 = a.ops.iter().map(|o| o.total_us).sum();
     let _ = writeln!(s, "\n== top ops");
-    let _ = writeln!(
+    // On an AMX machine, the integer matmuls' share of the tile unit's peak as well.
+    let tile = roof.amx_int8_gflops;
+    let _ = write!(
         s,
         "{:<18} {:>7} {:>11} {:>9} {:>6} {:>9} {:>8} {:>6} {:>6}",
         "op", "count", "total", "mean µs", "share", "GFLOP/s", "GB/s", "%cmp", "%mem"
     );
+    let _ = writeln!(s, "{}", if tile.is_some() { "  %tile" } else { "" });
     for o in a.ops.iter().take(top) {
         let pct = |v: Option<f64>, peak: f64| opt(v.map(|v| 100.0 * v / peak.max(1e-9)), 0);
+        let tile_pct = match tile {
+            Some(t) if !is_f32_op(&o.name) => format!(" {:>6}", pct(o.gflops(), t)),
+            Some(_) => format!(" {:>6}", "-"),
+            None => String::new(),
+        };
         let _ = writeln!(
             s,
-            "{:<18} {:>7} {:>11} {:>9.1} {:>5.1}% {:>9} {:>8} {:>6} {:>6}",
+            "{:<18} {:>7} {:>11} {:>9.1} {:>5.1}% {:>9} {:>8} {:>6} {:>6}{}",
             o.name,
             o.count,
             ms(o.total_us),
@@ -199,6 +221,7 @@ fn render_ops(s: &mut String, a: &Analysis, roof: &Roofline, top: usize) {
             opt(o.gbps(), 1),
             pct(o.gflops(), op_roof(roof, &o.name)),
             pct(o.gbps(), roof.mem_gbps),
+            tile_pct,
         );
     }
 }
@@ -295,6 +318,7 @@ mod tests {
             f32_gflops: 10.0,
             mem_gbps: 10.0,
             threads: 2,
+            amx_int8_gflops: None,
         }
     }
 
@@ -343,5 +367,23 @@ mod tests {
         // 72 GFLOP → 80 GFLOP/s = 80% of compute; 0.9 GB → 10% of memory.
         let v = Verdict::of(&busy(72e9, 0.9e9), &roof());
         assert_eq!(v.bound, Bound::Compute);
+    }
+
+    #[test]
+    fn an_amx_roof_adds_the_tile_share_of_integer_ops() {
+        let a = busy(72e9, 0.9e9);
+        let text = render(&a, &roof(), 10);
+        assert!(!text.contains("%tile"), "{text}");
+        let amx = Roofline {
+            amx_int8_gflops: Some(1000.0),
+            ..roof()
+        };
+        let text = render(&a, &amx, 10);
+        assert!(text.contains("AMX int8 tiles 1000 GOP/s (%tile)"), "{text}");
+        // ffn_down: 80 GFLOP/s (80% of the int dot roof, 8% of the tiles'), 1 GB/s (10%).
+        let row = text.lines().find(|l| l.starts_with("ffn_down")).expect(&text);
+        assert!(row.ends_with("80     10      8"), "{row}");
+        // The verdict still weighs the kernels' own roof.
+        assert_eq!(Verdict::of(&a, &amx).bound, Bound::Compute);
     }
 }

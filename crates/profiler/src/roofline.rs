@@ -10,6 +10,10 @@
 //!   (`O += P · X`, the product MLA's attention runs) on a cache-resident shape, on every
 //!   pool thread at once. (A plain f32 dot, which loads two vectors per FMA, read less than
 //!   half of it on a Zen 4 core: a load ceiling, not the FMA one.)
+//! - **AMX int8 tile peak** (`amx_int8_gflops`, AMX machines only): full-size `tdpbusd` on
+//!   register-resident tiles on every pool thread at once
+//!   ([`tokenmill_kernels::dispatch::amx_int8_peak_macs`]) — the unit's own ceiling, far above
+//!   what the exact integer matmuls reach, so the gap to it is visible.
 //! - **Memory bandwidth** (`mem_gbps`): every thread streams its share of a 256 MiB buffer
 //!   (far larger than any cache) through the kernel table's SIMD f32 dot, the way decode
 //!   streams weights; best of three passes. (A scalar sum read about half of what the decode
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokenmill_kernels::attention::AccRows;
-use tokenmill_kernels::dispatch::kernels;
+use tokenmill_kernels::dispatch::{amx_int8_peak_macs, kernels};
 use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, dot, matmul};
 use tokenmill_kernels::quant::{GgmlType, quantize_row};
 
@@ -32,6 +36,9 @@ pub struct Roofline {
     pub f32_gflops: f64,
     pub mem_gbps: f64,
     pub threads: usize,
+    /// The AMX int8 tile unit's peak (2 ops a multiply-add), where the CPU has one.
+    #[serde(default)]
+    pub amx_int8_gflops: Option<f64>,
 }
 
 impl Roofline {
@@ -43,6 +50,7 @@ impl Roofline {
             f32_gflops: f32_fma_gflops(threads),
             mem_gbps: mem_read_gbps(threads, 256 << 20),
             threads,
+            amx_int8_gflops: amx_int8_gflops(threads),
         }
     }
 
@@ -128,6 +136,17 @@ fn f32_fma_gflops(threads: usize) -> f64 {
     rates.iter().sum::<f64>() / 1e9
 }
 
+fn amx_int8_gflops(threads: usize) -> Option<f64> {
+    let rates: Vec<Option<f64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads.max(1))
+            .map(|_| s.spawn(|| amx_int8_peak_macs(Duration::from_millis(150))))
+            .collect();
+        hs.into_iter().map(|h| h.join().ok().flatten()).collect()
+    });
+    let macs: Option<f64> = rates.into_iter().sum();
+    macs.map(|m| 2.0 * m / 1e9)
+}
+
 /// Streaming-read bandwidth over a `bytes`-sized buffer split across `threads`, GB/s: each
 /// thread reads its share once through the kernel table's SIMD f32 dot (its two halves
 /// dotted together), as the decode kernels stream weights; best of three passes.
@@ -166,6 +185,7 @@ mod tests {
             f32_gflops: 50.0,
             mem_gbps: 20.0,
             threads: 2,
+            amx_int8_gflops: None,
         };
         assert_eq!(r.peak_gflops(), 200.0);
         assert_eq!(r.ridge(), 10.0);
@@ -177,5 +197,14 @@ mod tests {
         assert!(bw.is_finite() && bw > 0.0, "{bw}");
         let g = int_dot_gflops();
         assert!(g.is_finite() && g > 0.0, "{g}");
+        // The tile peak exists exactly where the AMX tier can run.
+        let amx = amx_int8_gflops(2);
+        match tokenmill_kernels::dispatch::Tier::amx_status() {
+            Ok(()) => assert!(amx.is_some_and(|t| t.is_finite() && t > g), "{amx:?} vs {g}"),
+            Err(why) => {
+                assert_eq!(amx, None);
+                eprintln!("skipped: the AMX tile peak: {why}");
+            }
+        }
     }
 }

@@ -476,3 +476,57 @@ pub unsafe fn groups<F: AmxFmt>(job: &AmxJob, g0: usize, g1: usize) {
         });
     }
 }
+
+/// Full-size tiles (palette 1): tiles 0-3 are 16 × 16 i32 sums, 4 a 16 × 64-byte `A`, 5 a
+/// 16 × 64-byte `B` — the shape of one `tdpbusd` at its most work (16 × 16 × 64).
+static PEAK_TILECFG: TileCfg = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut i = 0;
+    while i < 6 {
+        c[16 + 2 * i] = 64;
+        c[48 + i] = 16;
+        i += 1;
+    }
+    TileCfg(c)
+};
+
+/// Multiply-adds one `tdpbusd` does at full tile size.
+pub const PEAK_MACS_PER_OP: u64 = 16 * 16 * 64;
+
+/// Runs `4 · rounds` full-size `tdpbusd` on register-resident tiles (four independent sums, so
+/// they do not wait on each other): the tile unit's int8 ceiling, with no memory traffic. The
+/// result is discarded.
+///
+/// # Safety
+///
+/// AMX-TILE + AMX-INT8 on this CPU and the tile permission granted ([`request_permission`]).
+#[target_feature(enable = "avx512f")]
+pub unsafe fn tdpbusd_rounds(rounds: u64) {
+    let bytes = [0x5Au8; 1024];
+    // SAFETY: the configuration and the 1 KiB of bytes are valid for the tile loads; the loop
+    // touches only tiles and the counter register.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) PEAK_TILECFG.0.as_ptr(), options(nostack, preserves_flags));
+        asm!(
+            "tileloadd tmm4, [{z} + {s}]",
+            "tileloadd tmm5, [{z} + {s}]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            "2:",
+            "tdpbusd tmm0, tmm4, tmm5",
+            "tdpbusd tmm1, tmm4, tmm5",
+            "tdpbusd tmm2, tmm4, tmm5",
+            "tdpbusd tmm3, tmm4, tmm5",
+            "dec {n}",
+            "jnz 2b",
+            z = in(reg) bytes.as_ptr(),
+            s = in(reg) 64usize,
+            n = inout(reg) rounds.max(1) => _,
+            options(nostack),
+        );
+        asm!("tilerelease", options(nostack, preserves_flags));
+    }
+}
