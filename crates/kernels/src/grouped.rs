@@ -17,7 +17,7 @@
 //! [`matmul_silu_mul`](crate::glu::matmul_silu_mul) on its rows — the same kernel on the same
 //! tiles of weight rows and groups of token rows (`tests/grouped.rs`). A group whose weights
 //! the integer path cannot take with the others (float weights, another activation format, or
-//! the AMX tier's tiles, which want 16+ rows of one matrix) runs on its own through those
+//! the AMX tier's tiles, which want 32+ rows of one matrix) runs on its own through those
 //! functions instead, before the shared job (its rows gathered into a thread-local buffer
 //! when they are not contiguous).
 

@@ -69,8 +69,11 @@ thread_local! {
 }
 
 /// Fewest activation rows the AMX tier's matmul takes (fewer run on its AVX-512 VNNI kernels).
-#[cfg(target_arch = "x86_64")]
-const AMX_MIN_ROWS: usize = 16;
+/// Measured in the model (`bench-model --batch 16,24,32,48`, both tiers, BENCHMARKS.md): with
+/// one row tile the tiles cannot amortise building a group's weight tiles (a third to a half
+/// of the call at 16 rows), and every matmul of the default model ran 0.76-0.89× the VNNI
+/// kernels' speed at 16 and 24 rows; from 32 rows each ran at 1.03-1.14×.
+pub const AMX_MIN_ROWS: usize = 32;
 
 /// How the `n` weight rows are cut into tasks and tiles.
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,7 @@
 //! group's output rows equal `matmul` / `matmul_silu_mul` run on that group's rows alone, bit
 //! for bit, on every tier the CPU has and several pool sizes; rows in no group are left
 //! untouched. Per-head matmuls (`[T, H, k]` inputs, head `h` its own weight) equal each
-//! head's matmul over its gathered rows. Groups of 0, 1, a few and 16+ rows (the AMX tier's tiles, where the CPU has
+//! head's matmul over its gathered rows. Groups of 0, 1, a few and 32+ rows (the AMX tier's tiles, where the CPU has
 //! them, take the last alone); Rows16 weights of one activation format share the pool job,
 //! float weights and the GGUF layout beside Rows16 run alone.
 

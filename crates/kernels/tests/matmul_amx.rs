@@ -1,10 +1,10 @@
 //! The AMX tier's matmul against its plain twin, the AVX-512 VNNI Rows16 kernels: every output
 //! bit-identical (the tiles compute the same exact integer block sums, and the f32 side repeats
 //! the VNNI kernel's operations in its order), for each weight type the tiles take (Q4_0, Q4_1,
-//! Q5_0, Q8_0, Q4_K), on shapes around the tile sizes (activation rows
-//! 16·m ± 1, partial weight groups, one block and many), with extreme activations (quants of
-//! ±32767, whose high byte is -128 and low byte 255) and Q8_0 weights of -128, on 1 and 2
-//! threads, and inside a fused multi-matrix call. The reference-twin and batch-invariance tests
+//! Q5_0, Q8_0, Q4_K), on shapes around the tile sizes (activation rows from the tier's
+//! threshold, 16·m ± 1, partial weight groups, one block and many), with extreme activations
+//! (quants of ±32767, whose high byte is -128 and low byte 255) and Q8_0 weights of -128, on 1
+//! and 2 threads, and inside a fused multi-matrix call. The reference-twin and batch-invariance tests
 //! of `tests/matmul_quant.rs` run on this tier too.
 //!
 //! On a CPU without AMX (or where Linux refuses the tile state) every test here says it was
@@ -78,13 +78,19 @@ fn amx_matmul_is_bit_identical_to_the_vnni_kernels() {
     };
     let pools = [ThreadPool::new(1), ThreadPool::new(2)];
     let mut rng = SplitMix64::new(0xA3);
-    // (weight rows, blocks of 32 columns, activation rows)
+    assert_eq!(
+        tokenmill_kernels::matmul::AMX_MIN_ROWS,
+        32,
+        "the shapes below assume it"
+    );
+    // (weight rows, blocks of 32 columns, activation rows): from AMX_MIN_ROWS rows (fewer
+    // run on the VNNI kernels on this tier too), row counts 16·m ± 1.
     let shapes: [(usize, usize, usize); 7] = [
-        (16, 1, 16),
-        (17, 2, 17),
-        (1, 3, 31),
+        (16, 1, 32),
+        (17, 2, 33),
+        (1, 3, 47),
         (40, 18, 32),
-        (100, 5, 33),
+        (100, 5, 49),
         (48, 2, 64),
         (33, 7, 70),
     ];
@@ -120,7 +126,7 @@ fn amx_fused_matmul_matches_each_matrix_alone() {
     };
     let pool = ThreadPool::new(2);
     let mut rng = SplitMix64::new(0xF0);
-    let (k, t) = (96, 21);
+    let (k, t) = (96, 37);
     let mats: Vec<(GgmlType, usize, Vec<u8>)> = [
         (GgmlType::Q4_1, 48),
         (GgmlType::Q8_0, 20),

@@ -381,7 +381,10 @@ mod tests {
         let text = render(&a, &amx, 10);
         assert!(text.contains("AMX int8 tiles 1000 GOP/s (%tile)"), "{text}");
         // ffn_down: 80 GFLOP/s (80% of the int dot roof, 8% of the tiles'), 1 GB/s (10%).
-        let row = text.lines().find(|l| l.starts_with("ffn_down")).expect(&text);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("ffn_down"))
+            .expect(&text);
         assert!(row.ends_with("80     10      8"), "{row}");
         // The verdict still weighs the kernels' own roof.
         assert_eq!(Verdict::of(&a, &amx).bound, Bound::Compute);

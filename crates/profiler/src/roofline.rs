@@ -200,7 +200,10 @@ mod tests {
         // The tile peak exists exactly where the AMX tier can run.
         let amx = amx_int8_gflops(2);
         match tokenmill_kernels::dispatch::Tier::amx_status() {
-            Ok(()) => assert!(amx.is_some_and(|t| t.is_finite() && t > g), "{amx:?} vs {g}"),
+            Ok(()) => assert!(
+                amx.is_some_and(|t| t.is_finite() && t > g),
+                "{amx:?} vs {g}"
+            ),
             Err(why) => {
                 assert_eq!(amx, None);
                 eprintln!("skipped: the AMX tile peak: {why}");

@@ -117,7 +117,10 @@ pub fn kernels_summary() -> String {
     use tokenmill_kernels::dispatch::{Tier, kernels};
     let tier = kernels().tier();
     match Tier::amx_status() {
-        _ if tier == Tier::Amx => format!("{tier} (AMX int8 tiles from 16 rows a matmul)"),
+        _ if tier == Tier::Amx => format!(
+            "{tier} (AMX int8 tiles from {} rows a matmul)",
+            tokenmill_kernels::matmul::AMX_MIN_ROWS
+        ),
         Ok(()) => format!("{tier} (AMX available; TOKENMILL_KERNELS chose {tier})"),
         Err(why) => format!("{tier} (no AMX: {why})"),
     }
