@@ -26,8 +26,8 @@
 //!
 //! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q5_0, Q8_0
 //! and Q4_K; not Q6_K, whose 16-column sub-blocks stay on the VNNI kernels) on AMX int8 tiles
-//! for calls of 32 or more activation rows (`matmul::AMX_MIN_ROWS`), bit-identical to the VNNI kernels
-//! (`simd/x86/amx.rs`).
+//! for calls of 32 or more activation rows (`matmul::AMX_MIN_ROWS`), bit-identical to the VNNI
+//! kernels (`simd/x86/amx.rs`).
 
 use std::sync::OnceLock;
 
