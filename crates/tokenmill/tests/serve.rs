@@ -435,7 +435,35 @@ fn dashboard_renders_live_numbers_in_headless_chromium() {
             }
         });
     });
-    std::thread::sleep(Duration::from_secs(1));
+    // The page's samples must see the load: wait until the engine has stepped with requests
+    // running (a fixed second was too short for a CI run's parallel tests, where the page
+    // then sampled a server that had not yet run a step).
+    let (rt, c) = (rt(), reqwest::Client::new());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let url = format!("{}/metrics", s.base);
+        let text = rt
+            .block_on(async { c.get(url).send().await?.text().await })
+            .unwrap_or_default();
+        let value = |name: &str| -> f64 {
+            text.lines()
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|r| r.starts_with([' ', '{']))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        let stepped = value("tokenmill_step_time_measured_seconds") > 0.0;
+        if stepped && value("vllm:num_requests_running") >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no step with requests running in 2 minutes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let work = tempfile::tempdir().unwrap();
     let chrome = |name: &str, extra: &[&str]| -> Vec<u8> {
         let out = Command::new(&chromium)
