@@ -3,6 +3,7 @@
 //! - [`model_path`]: the default model, fetched by `scripts/fetch-model.sh` on first use, since
 //!   CI starts from a clean clone;
 //! - [`fixtures_dir`]: the committed reference fixtures under `tests/fixtures/`;
+//! - [`metric`]: one sample of a Prometheus `/metrics` text;
 //! - `server` (feature `server`): the in-process test server over the real engine.
 
 #[cfg(feature = "server")]
@@ -85,4 +86,29 @@ pub fn hf_cache_with_default_model(cache: &std::path::Path) {
         snapshot.join("SmolLM2-135M-Instruct.Q4_1.gguf"),
     )
     .unwrap();
+}
+
+/// One sample of a Prometheus text exposition (`/metrics`): the value of the first series
+/// named `name` (with or without labels), or `None` when there is none.
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::metric;
+
+    #[test]
+    fn metric_reads_the_first_series_of_exactly_that_name() {
+        let text =
+            "# HELP a_total x\na_total_more 7\na_total{model_name=\"m\"} 3\na_total 4\nb 0.5\n";
+        assert_eq!(metric(text, "a_total"), Some(3.0));
+        assert_eq!(metric(text, "b"), Some(0.5));
+        assert_eq!(metric(text, "a"), None);
+        assert_eq!(metric(text, "c"), None);
+    }
 }

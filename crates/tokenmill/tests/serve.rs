@@ -445,15 +445,7 @@ fn dashboard_renders_live_numbers_in_headless_chromium() {
         let text = rt
             .block_on(async { c.get(url).send().await?.text().await })
             .unwrap_or_default();
-        let value = |name: &str| -> f64 {
-            text.lines()
-                .filter(|l| {
-                    l.strip_prefix(name)
-                        .is_some_and(|r| r.starts_with([' ', '{']))
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum()
-        };
+        let value = |name: &str| tokenmill_testutil::metric(&text, name).unwrap_or(0.0);
         let stepped = value("tokenmill_step_time_measured_seconds") > 0.0;
         if stepped && value("vllm:num_requests_running") >= 1.0 {
             break;

@@ -79,14 +79,7 @@ pub async fn post_stream(c: &reqwest::Client, url: &str, body: &Value) -> Vec<Va
         .collect()
 }
 
-/// One sample of `/metrics` (first series of that name).
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
+pub use tokenmill_testutil::metric;
 
 pub async fn metrics(c: &reqwest::Client, base: &str) -> String {
     c.get(format!("{base}/metrics"))
