@@ -2,9 +2,18 @@
 //!
 //! Verifying a draft adds a row to the step: a row of every matmul, one of the LM head, and
 //! its attention. Whether it pays depends on the batch. A step of `R` rows that takes `T`
-//! yields `R / T` tokens per unit time; one more row costs `c` (the step-time model's
-//! marginal cost of a decode row) and yields its draft's chance of being accepted, `π`. The
-//! row raises throughput iff `π / c > R / T`, i.e. `π > c · R / T` — the **threshold**.
+//! yields `R / T` tokens per unit time; one more row costs `c` and yields its draft's chance
+//! of being accepted, `π`. The row raises throughput iff `π / c > R / T`, i.e.
+//! `π > c · R / T` — the **threshold**.
+//!
+//! `c` is the step-time model's marginal cost of a decode row. For a lone decode it is at
+//! most that of a prefill token: every step of one stream has one decode row, so the fit
+//! cannot tell that row's cost from the step's base, and it may put all of the step on the
+//! row (measured on a Zen 5 machine: base 0, 3.7 ms a decode row, 0.6 ms a prefill token).
+//! The threshold was then 1 and no draft was ever verified, so no multi-row step ever
+//! corrected the fit. A draft is one more row of its request's chunk, which reads the keys
+//! the chunk reads anyway, as a prefill token does. In batches the decode rows vary and the
+//! fit tells them apart; there the decode row's cost stands.
 //! When one sequence decodes, the step is bound by streaming the weights (`T ≫ c`), the
 //! threshold is small and even an unsure draft pays; in a large batch the step is
 //! compute-bound (`T ≈ R · c`), the threshold nears 1 and only near-certain drafts are taken.
@@ -121,8 +130,13 @@ pub fn threshold(model: &StepTimeModel, features: &StepFeatures, mean_context: u
     if rows == 0 || t <= 0.0 {
         return 0.0;
     }
-    let one_more = features.with_chunk(mean_context, 1, true);
-    let marginal = (model.predict_ms(&one_more) - t).max(0.0);
+    let mut marginal = model.predict_ms(&features.with_chunk(mean_context, 1, true)) - t;
+    if rows == 1 {
+        // A lone decode (module docs): at most a prefill token's cost.
+        let as_prefill = model.predict_ms(&features.with_chunk(mean_context, 1, false)) - t;
+        marginal = marginal.min(as_prefill);
+    }
+    let marginal = marginal.max(0.0);
     (marginal * rows as f64 / t).min(1.0)
 }
 
@@ -149,11 +163,12 @@ mod tests {
     use super::*;
     use crate::sla::StepCoefficients;
 
-    fn model(base_ms: f64, decode_ms_per_seq: f64) -> StepTimeModel {
+    /// A model whose rows cost `row_ms` whether decode rows or prefill tokens.
+    fn model(base_ms: f64, row_ms: f64) -> StepTimeModel {
         StepTimeModel::new(StepCoefficients {
             base_ms,
-            prefill_ms_per_token: 0.5,
-            decode_ms_per_seq,
+            prefill_ms_per_token: row_ms,
+            decode_ms_per_seq: row_ms,
             context_ms_per_token: 0.0,
         })
     }
@@ -174,6 +189,32 @@ mod tests {
         assert!(batch > 0.85, "{batch}");
         assert_eq!(drafts_to_verify(4, 0.6, batch), 0);
         assert_eq!(drafts_to_verify(4, 0.97, batch), 4);
+    }
+
+    #[test]
+    fn a_fit_that_puts_one_streams_whole_step_on_its_decode_row_still_takes_drafts() {
+        // One stream: every step had one decode row, and the fit put all 3.7 ms on it. As a
+        // decode row a draft would cost the whole step (threshold 1: never verified); as a
+        // row of the request's chunk it costs what a prefill token does.
+        let m = StepTimeModel::new(StepCoefficients {
+            base_ms: 0.0,
+            prefill_ms_per_token: 0.6,
+            decode_ms_per_seq: 3.7,
+            context_ms_per_token: 0.0,
+        });
+        let single = threshold(&m, &decodes(1), 100);
+        assert!((single - 0.6 / 3.7).abs() < 1e-9, "{single}");
+        assert_eq!(drafts_to_verify(5, 0.7, single), 5);
+        // Two decode rows: the fit tells rows apart there, the decode row's cost stands.
+        assert!((threshold(&m, &decodes(2), 100) - 1.0).abs() < 1e-9);
+        // Where a decode row is the cheaper estimate, it is the one used.
+        let m = StepTimeModel::new(StepCoefficients {
+            base_ms: 10.0,
+            prefill_ms_per_token: 2.0,
+            decode_ms_per_seq: 1.0,
+            context_ms_per_token: 0.0,
+        });
+        assert!((threshold(&m, &decodes(1), 100) - 1.0 / 11.0).abs() < 1e-9);
     }
 
     #[test]
