@@ -325,6 +325,19 @@ impl F32s for F32x16 {
     }
 }
 
+/// Calls the block phase `f::<S, E, KV, n>(args)` for a run-time row count `n` (1 to 4): each
+/// count is its own monomorphized body, its row loops unrolled over registers.
+macro_rules! by_rows {
+    ($n:expr, $f:ident::<$($g:ty),*>($($a:expr),*)) => {
+        match $n {
+            1 => $f::<$($g),*, 1>($($a),*),
+            2 => $f::<$($g),*, 2>($($a),*),
+            3 => $f::<$($g),*, 3>($($a),*),
+            _ => $f::<$($g),*, 4>($($a),*),
+        }
+    };
+}
+
 /// One [`AttnTile`] step over a K/V store of `E` (f32, f16 or bf16): rows in blocks of up to `R`
 /// (at most 4), keys `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks
 /// share each key and value load among more rows and overlap the rows' softmax dependency
@@ -353,27 +366,22 @@ pub unsafe fn tile<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTil
         if cur.n == t.n_rows {
             // One block (a decode row's grouped heads): nothing to overlap, and one
             // monomorphized body keeps its scores and probabilities in registers.
-            match cur.n {
-                1 => one_block::<S, E, KV, 1>(t),
-                2 => one_block::<S, E, KV, 2>(t),
-                3 => one_block::<S, E, KV, 3>(t),
-                _ => one_block::<S, E, KV, 4>(t),
-            }
+            by_rows!(cur.n, one_block::<S, E, KV>(t));
             return;
         }
         let mut st = Block::<S, KV>::new();
-        scores_n::<S, E, KV>(t, cur.r0, cur.n, &mut st.s);
-        softmax_n::<S, E, KV>(t, cur.r0, cur.n, &mut st);
+        by_rows!(cur.n, scores::<S, E, KV>(t, cur.r0, &mut st.s));
+        by_rows!(cur.n, softmax::<S, E, KV>(t, cur.r0, &mut st));
         loop {
             let next = next_block::<E, R>(t, Some(cur));
             if let Some(x) = next {
-                scores_n::<S, E, KV>(t, x.r0, x.n, &mut st.s);
+                by_rows!(x.n, scores::<S, E, KV>(t, x.r0, &mut st.s));
             }
-            values_n::<S, E, KV>(t, cur.r0, cur.n, &st);
+            by_rows!(cur.n, values::<S, E, KV>(t, cur.r0, &st));
             let Some(x) = next else {
                 break;
             };
-            softmax_n::<S, E, KV>(t, x.r0, x.n, &mut st);
+            by_rows!(x.n, softmax::<S, E, KV>(t, x.r0, &mut st));
             cur = x;
         }
     }
@@ -433,60 +441,6 @@ impl<S: F32s, const KV: usize> Block<S, KV> {
             p: [[0.0; KEY_TILE]; 4],
             corr: [1.0; 4],
             n_valid: [0; 4],
-        }
-    }
-}
-
-/// [`scores`] of `n` (1 to 4) rows from `r0`.
-#[inline(always)]
-unsafe fn scores_n<S: LoadKv<E>, E, const KV: usize>(
-    t: &AttnTile<E>,
-    r0: usize,
-    n: usize,
-    s: &mut [[S; KV]; 4],
-) {
-    unsafe {
-        match n {
-            1 => scores::<S, E, KV, 1>(t, r0, s),
-            2 => scores::<S, E, KV, 2>(t, r0, s),
-            3 => scores::<S, E, KV, 3>(t, r0, s),
-            _ => scores::<S, E, KV, 4>(t, r0, s),
-        }
-    }
-}
-
-/// [`softmax`] of `n` (1 to 4) rows from `r0`.
-#[inline(always)]
-unsafe fn softmax_n<S: F32s, E, const KV: usize>(
-    t: &AttnTile<E>,
-    r0: usize,
-    n: usize,
-    st: &mut Block<S, KV>,
-) {
-    unsafe {
-        match n {
-            1 => softmax::<S, E, KV, 1>(t, r0, st),
-            2 => softmax::<S, E, KV, 2>(t, r0, st),
-            3 => softmax::<S, E, KV, 3>(t, r0, st),
-            _ => softmax::<S, E, KV, 4>(t, r0, st),
-        }
-    }
-}
-
-/// [`values`] of `n` (1 to 4) rows from `r0`.
-#[inline(always)]
-unsafe fn values_n<S: LoadKv<E>, E, const KV: usize>(
-    t: &AttnTile<E>,
-    r0: usize,
-    n: usize,
-    st: &Block<S, KV>,
-) {
-    unsafe {
-        match n {
-            1 => values::<S, E, KV, 1>(t, r0, st),
-            2 => values::<S, E, KV, 2>(t, r0, st),
-            3 => values::<S, E, KV, 3>(t, r0, st),
-            _ => values::<S, E, KV, 4>(t, r0, st),
         }
     }
 }
