@@ -4,12 +4,13 @@
 //! an assertion — a quick look at one tier and pool size:
 //!
 //! ```text
-//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout]
+//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout] [type]
 //! ```
 //!
 //! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni` or `amx` (default: the best
 //! supported);
-//! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`.
+//! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`;
+//! `type` (`q4_1`, `q8_0`, ...) keeps only that format's shapes.
 //! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
 //! token, and multiply-adds per second.
 
@@ -31,6 +32,7 @@ fn main() {
     };
     let kernels = Kernels::new(tier).expect("a tier this CPU supports");
     let rows16 = args.get(4).is_none_or(|l| l == "rows16");
+    let only = args.get(5);
     let pool = ThreadPool::new(threads);
     let mut rng = SplitMix64::new(1);
     for (ty, n, k) in [
@@ -44,6 +46,9 @@ fn main() {
         (GgmlType::Q4_K, 1536, 768),
         (GgmlType::Q4_K, 768, 1536),
     ] {
+        if only.is_some_and(|t| *t != ty.to_string()) {
+            continue;
+        }
         let w: Vec<u8> = (0..n)
             .flat_map(|_| random_weight_row(&mut rng, ty, k))
             .collect();

@@ -26,9 +26,9 @@
 //! and dotted with every token row by the tier's f32 dot (no allocation: `gemm` allocates its
 //! packing buffers).
 //!
-//! Numerics: A16 keeps each activation within half a step of `amax / 32767` of its block of 32
+//! Numerics: A16 keeps each activation within half a step of `amax / 2047` of its block of 32
 //! (ggml's 8-bit Q8_0/Q8_1 activations, a step of `amax / 127`, moved the default model's
-//! top-1 logprobs by up to ~0.3 against the fp32 reference; A16 by ~0.001). Every tier
+//! top-1 logprobs by up to ~0.3 against the fp32 reference; A16's 12 bits by ~0.014). Every tier
 //! quantizes identically (byte-for-byte) and sums exactly in integers, so tiers differ only in
 //! f32 accumulation order; an output never depends on the thread count or the chunking.
 //! The k-quants still pair with 8-bit Q8_K (no k-quant model is on the golden path yet).

@@ -3,7 +3,8 @@
 //! the VNNI kernel's operations in its order), for each weight type the tiles take (Q4_0, Q4_1,
 //! Q5_0, Q8_0, Q4_K), on shapes around the tile sizes (activation rows from the tier's
 //! threshold, 16·m ± 1, partial weight groups, one block and many), with extreme activations
-//! (quants of ±32767, whose high byte is -128 and low byte 255) and Q8_0 weights of -128, on 1
+//! (quants of ±2047, whose high digit `q >> 4` is -128 or 127 and low digit 1 or 15) and
+//! Q8_0 weights of -128, on 1
 //! and 2 threads, and inside a fused multi-matrix call. The reference-twin and batch-invariance tests
 //! of `tests/matmul_quant.rs` run on this tier too.
 //!
@@ -52,8 +53,8 @@ fn weights(rng: &mut SplitMix64, ty: GgmlType, n: usize, k: usize) -> Vec<u8> {
 fn activations(rng: &mut SplitMix64, t: usize, k: usize) -> Vec<f32> {
     let mut x = random_f32_row(rng, t * k, 1.0);
     if t > 2 {
-        // A zero row, a row of one large value per block (quants of ±32767 beside small ones),
-        // and a row of equal negative values (every quant -32767: high byte -128).
+        // A zero row, a row of one large value per block (quants of ±2047 beside small ones),
+        // and a row of equal negative values (every quant -2047: high digit -128).
         x[k..2 * k].fill(0.0);
         for (j, v) in x[2 * k..3 * k].iter_mut().enumerate() {
             if j % 32 == 5 {

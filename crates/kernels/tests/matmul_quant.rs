@@ -6,7 +6,7 @@
 //!   the f64 dot).
 //! * Against the f32 product of the dequantized weight and the *unquantized* activations,
 //!   within the budget of activation quantization: per block, `Σ_i |w_i|` times one
-//!   quantization step — `amax / 32767` for A16 (the 32-element formats), `amax / 127` for
+//!   quantization step — `amax / 2047` for A16 (the 32-element formats), `amax / 127` for
 //!   Q8_K (the k-quants) — twice the half-step bound, plus the accumulation budget.
 //! * Deterministic: the same tier gives bit-identical outputs on 1, 2 and 3 threads, because
 //!   an output never depends on how rows are chunked or tiled.
@@ -237,9 +237,9 @@ fn matmul_is_close_to_the_f32_product() {
         let out = case.run(&pool, kernels);
         let act = case.act();
         let block = act.map_or(32, |a| a.block_size());
-        // A16 has 32767 levels a side, Q8_K 127.
+        // A16 has 2047 levels a side, Q8_K 127.
         let levels = if act == Some(ActFormat::A16) {
-            32767.0
+            tokenmill_kernels::quant::A16_QMAX as f64
         } else {
             127.0
         };

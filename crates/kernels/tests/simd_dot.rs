@@ -320,7 +320,7 @@ fn activation_quantizers_are_byte_identical_to_reference() {
     let reference = scalar();
     let mut rng = SplitMix64::new(3);
     // Exact ties: with amax = 127 the scale is 1 and x · (1/d) keeps the .5 fractions (Q8);
-    // with amax = 32767, likewise for A16.
+    // with amax = 2047, likewise for A16.
     let mut ties = vec![0f32; 256];
     for (i, v) in ties.iter_mut().enumerate() {
         *v = match i % 8 {
@@ -336,7 +336,7 @@ fn activation_quantizers_are_byte_identical_to_reference() {
     }
     let a16_ties: Vec<f32> = ties
         .iter()
-        .map(|&v| if v == 127.0 { 32767.0 } else { v * 3.0 })
+        .map(|&v| if v == 127.0 { 2047.0 } else { v * 3.0 })
         .collect();
     let mut rows = vec![ties, a16_ties];
     for n in [32usize, 256, 576, 1536] {

@@ -563,7 +563,7 @@ mod tests {
                 .sum();
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
             let wsum: f64 = wd.iter().map(|&w| (w as f64).abs()).sum();
-            let budget = wsum * amax / 32767.0 + 1e-5 * mag;
+            let budget = wsum * amax / crate::quant::A16_QMAX as f64 + 1e-5 * mag;
             let got = match ty {
                 GgmlType::Q4_K => vec_dot_q4_K_a16(cols, &w, &a),
                 _ => vec_dot_q6_K_a16(cols, &w, &a),

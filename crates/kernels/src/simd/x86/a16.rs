@@ -4,7 +4,7 @@
 //!
 //! Per weight block: decode the 32 quants once, straight to i16 lanes ([`Widen`]); then per
 //! activation row: multiply-add the i16 pairs exactly into i32 lanes (each lane sums at most
-//! four products `<= 4 · 128 · 32767 < 2^24`, so the conversion to f32 is exact), and
+//! four products `<= 4 · 128 · 2047 < 2^24`, so the conversion to f32 is exact), and
 //! accumulate `lanes · (d_w · d_a)` with one FMA; Q4_1/Q5_1 also accumulate `m · s`. Only the
 //! f32 accumulation order differs from the reference twin.
 //!

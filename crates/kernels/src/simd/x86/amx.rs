@@ -3,34 +3,41 @@
 //! (prefill, large decode batches) — **bit-identical** to the AVX-512 VNNI Rows16 kernel
 //! ([`super::rows16`]).
 //!
-//! Why int8 tiles can compute a 16-bit dot exactly: an A16 quant `q` (i16) is
-//! `256 · hi + lo` with `hi = q >> 8` (i8) and `lo = q & 0xFF` (u8). Per block of 32 columns,
-//! `tdpbssd` gives `Σ w · hi` (i8 × i8) and `tdpbusd` gives `Σ w · lo` (u8 × i8), both exact
-//! in i32, for 16 activation rows × 16 weight rows at once; `(Σ w·hi << 8) + Σ w·lo` is the
-//! block's exact integer sum, the same `sumi` the VNNI kernel gets from `vpdpwssd`. The f32
-//! side then repeats that kernel's operations in its order, block by block:
-//! `acc = fma(f32(sumi), d_w · d_a, acc)`, and for Q4_1 `acc = fma(m_w, s_a, acc)` (Q4_K: each
-//! 32-column sub-block is such a block, of scale `d · sc` and offset `−dmin · m`). So a row's
-//! result does not depend on whether it ran here or on the VNNI kernel, on its batch, or on the
-//! thread count.
+//! Why int8 tiles can compute the 16-bit dot exactly: an A16 quant `q` has 12 bits
+//! ([`crate::quant::A16_QMAX`]), so it is `16·h + l` with `h = q >> 4` an i8 and
+//! `l = q & 15`. For the 4-bit formats (Q4_0's `w` in `-8..=7`, Q4_1's and Q4_K's in
+//! `0..=15`) `16·w` still fits a byte, and one full-depth product of the activation tile
+//! `[h | l]` (64 bytes a row) and the weight tile `[16·w ; w]` gives
+//! `Σ h·16w + Σ l·w = Σ q·w`, the block's exact integer sum: `tdpbssd` (signed weights) or
+//! `tdpbsud` (unsigned), then one 1 KiB tile store ([`Digits`]). Q5_0 and Q8_0, whose `16·w`
+//! does not fit, take two half-depth products `Σ h·w` and `Σ l·w` into two tiles and the fold
+//! sums `(Σ h·w << 4) + Σ l·w`. Either way the result is the `sumi` the VNNI kernel gets from
+//! `vpdpwssd`. The f32 side then repeats that kernel's operations in its order, block by
+//! block: `acc = fma(f32(sumi), d_w · d_a, acc)`, and for Q4_1 `acc = fma(m_w, s_a, acc)`
+//! (Q4_K: each 32-column sub-block is such a block, of scale `d · sc` and offset `−dmin · m`).
+//! So a row's result does not depend on whether it ran here or on the VNNI kernel, on its
+//! batch, or on the thread count.
 //!
 //! Data layout, built per call:
-//! * activations ([`split_a16`]): for each tile of 16 rows and each block, the 16 rows' `hi`
-//!   bytes (512), `lo` bytes (512), `d_a` (16 f32) and `s_a` (16 f32) — [`ACT_TILE_BYTES`];
-//!   rows past the last are zero;
-//! * weights: per 16-row group, each group-block becomes a `B` tile of 8 rows × 64 bytes
-//!   (byte `4n + j` of row `k4` is column `4·k4 + j` of weight row `n`, the quad layout the
-//!   tile instructions take; Q4_0's and Q5_0's quants with their bias removed, Q5_0's fifth
-//!   bits ORed in), its 16 scales as f32 and, for Q4_1 and Q4_K, its 16 offsets — built once
-//!   per group into a per-thread buffer ([`AmxFmt`]) and used by every row tile.
+//! * activations ([`split_a16`]): for each tile of 16 rows and each block, the 16 rows' `h`
+//!   and `l` bytes (64 a row), `d_a` (16 f32) and `s_a` (16 f32) — [`ACT_TILE_BYTES`]; rows
+//!   past the last are zero;
+//! * weights: per 16-row group, each group-block becomes a `B` tile (byte `4n + j` of row
+//!   `k4` is column `4·k4 + j` of weight row `n`, the quad layout the tile instructions take;
+//!   Q4_0's and Q5_0's quants with their bias removed, Q5_0's fifth bits ORed in; the fused
+//!   formats' 16 rows are `16·w` then `w`), its 16 scales as f32 and, for Q4_1 and Q4_K, its
+//!   16 offsets — built once per group into a per-thread buffer ([`AmxFmt`]) and used by
+//!   every row tile.
 //!
-//! Tiles: `tmm0/tmm1` and `tmm2/tmm3` are the (hi, lo) sums of alternate blocks (so the AMX
-//! unit could run a block while the vector units fold the previous one — measured on the
-//! development Xeons, they do not overlap: per block of 16 × 16 outputs the two 1 KiB tile
-//! stores take ~22 ns, the fold's ~6 vector operations a row ~11 ns, one after the other;
-//! BENCHMARKS.md), `tmm4/tmm5` the activation hi/lo tiles, `tmm6` the weight tile. Every task
-//! loads the tile configuration ([`TILECFG`]) and releases the tiles when done. The process must
-//! have asked Linux for the tile state ([`request_permission`]) before any of this runs.
+//! Per row tile and weight group the blocks run as a three-stage pipeline: block `b`'s
+//! products are issued (into alternate tile sets), then block `b − 1`'s sums are stored (its
+//! product is done by then, so the store does not wait on the one just issued), then block
+//! `b − 2` is folded into 16 zmm accumulators. Measured on the development Xeon: while a tile
+//! product runs, 512-bit FP operations issue at half rate (one a cycle), so the fold — four
+//! FP operations a row and block — and the tiles barely overlap: per 16 × 16 block on one
+//! core, ~16 ns of tile work and ~12 ns of fold (BENCHMARKS.md). Every task loads its tile configuration
+//! ([`FUSED_CFG`] or [`SPLIT_CFG`]) and releases the tiles when done. The process must have
+//! asked Linux for the tile state ([`request_permission`]) before any of this runs.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -42,44 +49,53 @@ use crate::quant::rows16::{self, GROUP};
 
 /// Activation rows per tile.
 pub const TILE_M: usize = 16;
-/// Bytes of one activation tile-block: `hi` (16 × 32), `lo` (16 × 32), `d` and `s` (16 f32
-/// each).
-pub const ACT_TILE_BYTES: usize = 2 * TILE_M * 32 + 2 * TILE_M * 4;
-/// Bytes of one weight tile-block in the per-thread buffer: the `B` tile (8 × 64), the row
-/// scales and the row offsets (16 f32 each).
-const W_TILE_BYTES: usize = 512 + 2 * GROUP * 4;
+/// Bytes of one activation tile-block: 16 rows of `h` (32 bytes) then `l` (32 bytes), then
+/// `d` and `s` (16 f32 each).
+pub const ACT_TILE_BYTES: usize = TILE_M * 64 + 2 * TILE_M * 4;
+/// Offset of the row scales `d` in an activation tile-block (the sums `s` follow).
+const ACT_D: usize = TILE_M * 64;
 
-/// Weight groups whose tiles are built and run together against every row tile (their tiles,
-/// `BATCH_GROUPS · nb · 640` bytes, stay in cache beside one row tile's activations).
+/// Weight groups whose tiles are built and run together against every row tile (their tiles
+/// stay in cache beside one row tile's activations).
 const BATCH_GROUPS: usize = 4;
-/// Blocks the tile instructions run ahead of the fold of their sums.
-const LEAD: usize = 1;
-/// Sums buffers in the ring (one per block in flight).
-const RING: usize = LEAD + 1;
+/// Sums buffers in the ring: one being stored, one being folded.
+const RING: usize = 2;
 
 /// Offset of an A16 block's quants (after `d: f32, s: f32`).
 const A16_QS: usize = 8;
 const A16_BYTES: usize = crate::quant::A16_BYTES;
 
-/// The tile configuration (palette 1): tiles 0-3 are 16 × 16 i32 sums, 4-5 the 16 × 32-byte
-/// activation tiles, 6 the 8 × 64-byte weight tile.
+/// A tile configuration (palette 1).
 #[repr(C, align(64))]
 struct TileCfg([u8; 64]);
 
-static TILECFG: TileCfg = {
+/// The configuration with tiles `i < 8` of `rows[i]` rows of `colsb[i]` bytes (0: unused).
+const fn tile_cfg(colsb: [u16; 8], rows: [u8; 8]) -> TileCfg {
     let mut c = [0u8; 64];
     c[0] = 1;
-    let colsb: [u16; 7] = [64, 64, 64, 64, 32, 32, 64];
-    let rows: [u8; 7] = [16, 16, 16, 16, 16, 16, 8];
     let mut i = 0;
-    while i < 7 {
+    while i < 8 {
         c[16 + 2 * i] = colsb[i] as u8;
         c[16 + 2 * i + 1] = (colsb[i] >> 8) as u8;
         c[48 + i] = rows[i];
         i += 1;
     }
     TileCfg(c)
-};
+}
+
+/// Fused formats: tiles 0-1 are 16 × 16 i32 sums, 4 the 16 × 64-byte `[h | l]` activation
+/// tile, 6 the 16 × 64-byte `[16·w ; w]` weight tile.
+static FUSED_CFG: TileCfg = tile_cfg(
+    [64, 64, 0, 0, 64, 64, 64, 64],
+    [16, 16, 0, 0, 16, 16, 16, 16],
+);
+
+/// Split formats: tiles 0-3 are 16 × 16 i32 sums, 4-5 the 16 × 32-byte `h` and `l`
+/// activation tiles, 6 the 8 × 64-byte weight tile.
+static SPLIT_CFG: TileCfg = tile_cfg(
+    [64, 64, 64, 64, 32, 32, 64, 0],
+    [16, 16, 16, 16, 16, 16, 8, 0],
+);
 
 /// Asks Linux for permission to use the AMX tile data state in this process
 /// (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); whether it was granted. Without it
@@ -125,8 +141,9 @@ pub fn cpu_has_amx_int8() -> bool {
 }
 
 /// Splits `n_rows` A16 rows of `nb` blocks (`a_row` bytes apart at `a`) into the tile layout
-/// at `dst` (`m_tiles · nb` [`ACT_TILE_BYTES`] blocks, `m_tiles = n_rows.div_ceil(16)`); the
-/// rows of the last tile past `n_rows` are zero.
+/// at `dst` (`m_tiles · nb` [`ACT_TILE_BYTES`] blocks, `m_tiles = n_rows.div_ceil(16)`): each
+/// quant `q` as its digits `h = q >> 4` (i8) and `l = q & 15`; the rows of the last tile past
+/// `n_rows` are zero.
 ///
 /// # Safety
 ///
@@ -142,19 +159,18 @@ pub unsafe fn split_a16(a: *const u8, a_row: usize, n_rows: usize, nb: usize, ds
                 if m < n_rows {
                     let blk = a.add(m * a_row + b * A16_BYTES);
                     let q = _mm512_loadu_si512(blk.add(A16_QS).cast());
-                    let hi = _mm512_cvtepi16_epi8(_mm512_srai_epi16(q, 8));
-                    let lo = _mm512_cvtepi16_epi8(q);
-                    _mm256_storeu_si256(tb.add(r * 32).cast(), hi);
-                    _mm256_storeu_si256(tb.add(512 + r * 32).cast(), lo);
-                    std::ptr::copy_nonoverlapping(blk, tb.add(1024 + r * 4), 4);
-                    std::ptr::copy_nonoverlapping(blk.add(4), tb.add(1088 + r * 4), 4);
+                    let h = _mm512_cvtepi16_epi8(_mm512_srai_epi16(q, 4));
+                    let l = _mm512_cvtepi16_epi8(_mm512_and_si512(q, _mm512_set1_epi16(15)));
+                    _mm256_storeu_si256(tb.add(r * 64).cast(), h);
+                    _mm256_storeu_si256(tb.add(r * 64 + 32).cast(), l);
+                    std::ptr::copy_nonoverlapping(blk, tb.add(ACT_D + r * 4), 4);
+                    std::ptr::copy_nonoverlapping(blk.add(4), tb.add(ACT_D + 64 + r * 4), 4);
                 } else {
-                    _mm256_storeu_si256(tb.add(r * 32).cast(), _mm256_setzero_si256());
-                    _mm256_storeu_si256(tb.add(512 + r * 32).cast(), _mm256_setzero_si256());
-                    tb.add(1024 + r * 4)
+                    _mm512_storeu_si512(tb.add(r * 64).cast(), _mm512_setzero_si512());
+                    tb.add(ACT_D + r * 4)
                         .cast::<[u8; 4]>()
                         .write_unaligned([0; 4]);
-                    tb.add(1088 + r * 4)
+                    tb.add(ACT_D + 64 + r * 4)
                         .cast::<[u8; 4]>()
                         .write_unaligned([0; 4]);
                 }
@@ -203,6 +219,21 @@ thread_local! {
     static WTILES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// How a format's block product meets the activations' two digits `q = 16·h + l`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Digits {
+    /// One full-depth product, `tdpbssd`: `A = [h | l]` against `B = [16·w ; w]`, for weights
+    /// in `-8..=7` (Q4_0), whose `16·w` is an i8.
+    FusedSigned,
+    /// The same with `tdpbsud` (signed `A`, unsigned `B`), for weights in `0..=15` (Q4_1,
+    /// Q4_K), whose `16·w` is a u8.
+    FusedUnsigned,
+    /// Two half-depth products `Σ h·w` and `Σ l·w` in two tiles, stored both and summed as
+    /// `(Σ h·w << 4) + Σ l·w` by the fold: weights too wide for `16·w` to fit a byte (Q5_0,
+    /// Q8_0).
+    Split,
+}
+
 /// A Rows16 weight format the AMX kernel takes: how one 32-column block of a group becomes a
 /// `B` tile of int8 weights, 16 f32 scales and (for formats with an offset) 16 f32 offsets —
 /// the same per-block `(d_w, m_w)` the VNNI kernel applies, so the fold repeats its operations.
@@ -212,8 +243,16 @@ pub trait AmxFmt {
     const BYTES32: usize;
     /// Whether the fold adds `m_w · s_a` (Q4_1, Q4_K).
     const HAS_M: bool;
-    /// Writes block `b` of the group at `wg` into `dst` (`W_TILE_BYTES`): the `B` tile
-    /// (512 bytes), the scales, and the offsets where the format has them.
+    /// How the block product is formed.
+    const DIGITS: Digits;
+    /// Bytes of the `B` tile: `[16·w ; w]` (16 × 64) when fused, `w` (8 × 64) when split.
+    const TILE_B: usize = if matches!(Self::DIGITS, Digits::Split) {
+        512
+    } else {
+        1024
+    };
+    /// Writes block `b` of the group at `wg` into `dst` (`TILE_B + 128` bytes): the `B` tile,
+    /// the scales, and the offsets where the format has them.
     ///
     /// # Safety
     ///
@@ -231,9 +270,16 @@ unsafe fn pair_index() -> __m512i {
 
 /// Writes the `B` tile of 32 columns of 16 rows of nibbles in the Rows16 Q4 layout at `qs`
 /// into `tile`: each nibble `+ add`, and with `hbits` (Q5_0's fifth-bit planes) the fifth bit
-/// ORed in above it first.
+/// ORed in above it first; with `sixteen`, the same tile times 16 there too (each byte's low
+/// four bits moved up: `16·w` modulo 256, which is `16·w` itself for the fused formats).
 #[inline(always)]
-unsafe fn nibble_tile(qs: *const u8, hbits: Option<*const u8>, add: i8, tile: *mut u8) {
+unsafe fn nibble_tile(
+    qs: *const u8,
+    hbits: Option<*const u8>,
+    add: i8,
+    tile: *mut u8,
+    sixteen: Option<*mut u8>,
+) {
     unsafe {
         let idx = pair_index();
         let low4 = _mm512_set1_epi8(0x0F);
@@ -265,11 +311,19 @@ unsafe fn nibble_tile(qs: *const u8, hbits: Option<*const u8>, add: i8, tile: *m
                 lo = _mm512_add_epi8(lo, _mm512_set1_epi8(add));
                 hi = _mm512_add_epi8(hi, _mm512_set1_epi8(add));
             }
-            _mm512_storeu_si512(tile.add(64 * k4).cast(), _mm512_permutexvar_epi16(idx, lo));
-            _mm512_storeu_si512(
-                tile.add(64 * (4 + k4)).cast(),
+            let (lo, hi) = (
+                _mm512_permutexvar_epi16(idx, lo),
                 _mm512_permutexvar_epi16(idx, hi),
             );
+            _mm512_storeu_si512(tile.add(64 * k4).cast(), lo);
+            _mm512_storeu_si512(tile.add(64 * (4 + k4)).cast(), hi);
+            if let Some(t16) = sixteen {
+                // A 16-bit shift carries a byte's top bits into its neighbour: mask them off.
+                let high4 = _mm512_set1_epi8(0xF0u8 as i8);
+                let (lo, hi) = (_mm512_slli_epi16(lo, 4), _mm512_slli_epi16(hi, 4));
+                _mm512_storeu_si512(t16.add(64 * k4).cast(), _mm512_and_si512(lo, high4));
+                _mm512_storeu_si512(t16.add(64 * (4 + k4)).cast(), _mm512_and_si512(hi, high4));
+            }
         }
     }
 }
@@ -277,6 +331,12 @@ unsafe fn nibble_tile(qs: *const u8, hbits: Option<*const u8>, add: i8, tile: *m
 impl<F: Fmt16> AmxFmt for F {
     const BYTES32: usize = F::BYTES;
     const HAS_M: bool = F::HAS_M;
+    // Q4_0's nibbles less 8 are signed, Q4_1's are unsigned; Q5_0 and Q8_0 are too wide.
+    const DIGITS: Digits = match (F::NIBBLES && !F::HBITS, F::SUB8) {
+        (true, true) => Digits::FusedSigned,
+        (true, false) => Digits::FusedUnsigned,
+        (false, _) => Digits::Split,
+    };
 
     #[inline(always)]
     unsafe fn build_block(wg: *const u8, b: usize, dst: *mut u8) {
@@ -291,7 +351,11 @@ impl<F: Fmt16> AmxFmt for F {
                     (_, true) => -16,
                     _ => 0,
                 };
-                nibble_tile(qs, hbits, add, dst);
+                if Self::DIGITS == Digits::Split {
+                    nibble_tile(qs, hbits, add, dst, None);
+                } else {
+                    nibble_tile(qs, hbits, add, dst.add(512), Some(dst));
+                }
             } else {
                 let idx = pair_index();
                 for k4 in 0..8 {
@@ -299,7 +363,7 @@ impl<F: Fmt16> AmxFmt for F {
                     _mm512_storeu_si512(dst.add(64 * k4).cast(), _mm512_permutexvar_epi16(idx, x));
                 }
             }
-            let scales = dst.add(512).cast::<f32>();
+            let scales = dst.add(Self::TILE_B).cast::<f32>();
             _mm512_storeu_ps(scales, _mm512_cvtph_ps(_mm256_loadu_si256(wb.cast())));
             if F::HAS_M {
                 let m = _mm512_cvtph_ps(_mm256_loadu_si256(wb.add(2 * GROUP).cast()));
@@ -315,6 +379,7 @@ const Q4_K_BYTES: usize = GROUP * 144;
 impl AmxFmt for R16Q4_K {
     const BYTES32: usize = Q4_K_BYTES / 8;
     const HAS_M: bool = true;
+    const DIGITS: Digits = Digits::FusedUnsigned;
 
     /// Sub-block `b % 8` of group-block `b / 8`: its nibbles as Q4_1's, scale `d · sc` and
     /// offset `−dmin · m` (the VNNI kernel adds `dmin·m · (−s_a)`; the product is the same).
@@ -323,9 +388,9 @@ impl AmxFmt for R16Q4_K {
         unsafe {
             let (wb, j) = (wg.add(b / 8 * Q4_K_BYTES), b % 8);
             let qs = wb.add(rows16::quants_offset(GgmlType::Q4_K) + j * rows16::Q4_K_SUB_BYTES);
-            nibble_tile(qs, None, 0, dst);
+            nibble_tile(qs, None, 0, dst.add(512), Some(dst));
             let (dsc, dm) = k4_scales::<Z512>(wb, j);
-            let scales = dst.add(512).cast::<f32>();
+            let scales = dst.add(Self::TILE_B).cast::<f32>();
             _mm512_storeu_ps(scales, dsc);
             // −dm by flipping the sign bit: (−dm)·s_a is then exactly dm·(−s_a), signed zeros
             // included.
@@ -335,38 +400,76 @@ impl AmxFmt for R16Q4_K {
     }
 }
 
-/// Runs block `b`'s tiles into the tile pair `SET` (0: tmm0/tmm1, 1: tmm2/tmm3) and stores the
-/// two 16 × 16 i32 sums at `c` (hi sums, then lo sums, 1 KiB each).
+/// Issues block `b`'s tile products into tile set `SET` (0 or 1; fused: `tmm0` or `tmm1`,
+/// split: `tmm0/tmm1` or `tmm2/tmm3`).
 #[inline(always)]
-unsafe fn block_tiles<const SET: usize>(act: *const u8, wt: *const u8, c: *mut i32) {
-    macro_rules! block {
-        ($hi:literal, $lo:literal) => {
+unsafe fn issue<F: AmxFmt, const SET: usize>(act: *const u8, wt: *const u8) {
+    macro_rules! fused {
+        ($op:literal, $c:literal, $a:literal, $b:literal) => {
             asm!(
-                "tileloadd tmm4, [{a} + {s32}]",
-                "tileloadd tmm5, [{a} + {s32} + 512]",
-                "tileloadd tmm6, [{w} + {s64}]",
-                concat!("tilezero tmm", $hi),
-                concat!("tilezero tmm", $lo),
-                concat!("tdpbssd tmm", $hi, ", tmm4, tmm6"),
-                concat!("tdpbusd tmm", $lo, ", tmm5, tmm6"),
-                concat!("tilestored [{c} + {s64}], tmm", $hi),
-                concat!("tilestored [{c} + {s64} + 1024], tmm", $lo),
+                concat!("tileloadd tmm", $a, ", [{a} + {s64}]"),
+                concat!("tileloadd tmm", $b, ", [{w} + {s64}]"),
+                concat!("tilezero tmm", $c),
+                concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $b),
                 a = in(reg) act,
                 w = in(reg) wt,
-                c = in(reg) c,
-                s32 = in(reg) 32usize,
                 s64 = in(reg) 64usize,
                 options(nostack, preserves_flags),
             )
         };
     }
-    // SAFETY: the tiles read 1 KiB at `act`, 512 bytes at `wt` and write 2 KiB at `c` (the
-    // caller's buffers); the tile configuration is loaded.
+    macro_rules! split {
+        ($hi:literal, $lo:literal) => {
+            asm!(
+                "tileloadd tmm4, [{a} + {s64}]",
+                "tileloadd tmm5, [{a} + {s64} + 32]",
+                "tileloadd tmm6, [{w} + {s64}]",
+                concat!("tilezero tmm", $hi),
+                concat!("tilezero tmm", $lo),
+                concat!("tdpbssd tmm", $hi, ", tmm4, tmm6"),
+                concat!("tdpbssd tmm", $lo, ", tmm5, tmm6"),
+                a = in(reg) act,
+                w = in(reg) wt,
+                s64 = in(reg) 64usize,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
+    // SAFETY: the tiles read 1 KiB at `act` and the format's `B` tile at `wt` (the caller's
+    // buffers); the format's tile configuration is loaded.
     unsafe {
-        if SET == 0 {
-            block!("0", "1");
-        } else {
-            block!("2", "3");
+        match (F::DIGITS, SET) {
+            (Digits::FusedSigned, 0) => fused!("tdpbssd", "0", "4", "6"),
+            (Digits::FusedSigned, _) => fused!("tdpbssd", "1", "5", "7"),
+            (Digits::FusedUnsigned, 0) => fused!("tdpbsud", "0", "4", "6"),
+            (Digits::FusedUnsigned, _) => fused!("tdpbsud", "1", "5", "7"),
+            (Digits::Split, 0) => split!("0", "1"),
+            (Digits::Split, _) => split!("2", "3"),
+        }
+    }
+}
+
+/// Stores the sums of tile set `SET` at `c`: fused, the 16 × 16 i32 block sums (1 KiB);
+/// split, the `h` sums then the `l` sums (1 KiB each).
+#[inline(always)]
+unsafe fn store<F: AmxFmt, const SET: usize>(c: *mut i32) {
+    macro_rules! store {
+        ($($t:literal, $off:literal),+) => {
+            asm!(
+                $(concat!("tilestored [{c} + {s64} + ", $off, "], tmm", $t),)+
+                c = in(reg) c,
+                s64 = in(reg) 64usize,
+                options(nostack, preserves_flags),
+            )
+        };
+    }
+    // SAFETY: the tiles write the sums at `c` (the caller's buffer).
+    unsafe {
+        match (F::DIGITS, SET) {
+            (Digits::Split, 0) => store!("0", "0", "1", "1024"),
+            (Digits::Split, _) => store!("2", "0", "3", "1024"),
+            (_, 0) => store!("0", "0"),
+            (_, _) => store!("1", "0"),
         }
     }
 }
@@ -380,18 +483,23 @@ unsafe fn fold<F: AmxFmt>(
     wt: *const u8,
 ) {
     unsafe {
-        let dw = _mm512_loadu_ps(wt.add(512).cast());
+        let scales = wt.add(F::TILE_B);
+        let dw = _mm512_loadu_ps(scales.cast());
         let mw = if F::HAS_M {
-            _mm512_loadu_ps(wt.add(512 + 64).cast())
+            _mm512_loadu_ps(scales.add(64).cast())
         } else {
             _mm512_setzero_ps()
         };
-        let da = act.add(1024).cast::<f32>();
-        let sa = act.add(1088).cast::<f32>();
+        let da = act.add(ACT_D).cast::<f32>();
+        let sa = act.add(ACT_D + 64).cast::<f32>();
         for (r, acc) in acc.iter_mut().enumerate() {
-            let hi = _mm512_loadu_si512(c.add(16 * r).cast());
-            let lo = _mm512_loadu_si512(c.add(256 + 16 * r).cast());
-            let sumi = _mm512_add_epi32(_mm512_slli_epi32(hi, 8), lo);
+            let sumi = if F::DIGITS == Digits::Split {
+                let h = _mm512_loadu_si512(c.add(16 * r).cast());
+                let l = _mm512_loadu_si512(c.add(256 + 16 * r).cast());
+                _mm512_add_epi32(_mm512_slli_epi32(h, 4), l)
+            } else {
+                _mm512_loadu_si512(c.add(16 * r).cast())
+            };
             let s = _mm512_mul_ps(dw, _mm512_set1_ps(da.add(r).read_unaligned()));
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), s, *acc);
             if F::HAS_M {
@@ -411,29 +519,35 @@ pub unsafe fn groups<F: AmxFmt>(job: &AmxJob, g0: usize, g1: usize) {
     unsafe {
         let nb = job.nb;
         let m_tiles = job.n_rows.div_ceil(TILE_M);
-        // c: a ring of RING blocks' (hi, lo) sums, 2 KiB each.
+        let w_bytes = F::TILE_B + 2 * GROUP * 4;
+        // c: a ring of RING blocks' sums, 2 KiB each (a fused block uses the first half).
         #[repr(C, align(64))]
         struct Sums([i32; RING * 512]);
         let mut c = Sums([0; RING * 512]);
         let c = c.0.as_mut_ptr();
         WTILES.with_borrow_mut(|wtiles| {
-            let bytes = BATCH_GROUPS * nb * W_TILE_BYTES + 64;
+            let bytes = BATCH_GROUPS * nb * w_bytes + 64;
             if wtiles.len() < bytes {
                 wtiles.resize(bytes, 0);
             }
             // Tile rows of 64 bytes: start the buffer on a cache line.
             let wt0 = wtiles.as_mut_ptr();
             let wt0 = wt0.add(wt0.align_offset(64));
-            asm!("ldtilecfg [{}]", in(reg) TILECFG.0.as_ptr(), options(nostack, preserves_flags));
+            let cfg = if F::DIGITS == Digits::Split {
+                &SPLIT_CFG
+            } else {
+                &FUSED_CFG
+            };
+            asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, preserves_flags));
             for gb in (g0..g1).step_by(BATCH_GROUPS) {
                 let n_groups = (g1 - gb).min(BATCH_GROUPS);
                 for g in 0..n_groups {
                     let (wg, wt) = (
                         job.w.add((gb + g) * nb * F::BYTES32),
-                        wt0.add(g * nb * W_TILE_BYTES),
+                        wt0.add(g * nb * w_bytes),
                     );
                     for b in 0..nb {
-                        F::build_block(wg, b, wt.add(b * W_TILE_BYTES));
+                        F::build_block(wg, b, wt.add(b * w_bytes));
                     }
                 }
                 // Row tiles outer: one row tile's activations (nb tile-blocks) stay in cache
@@ -442,25 +556,33 @@ pub unsafe fn groups<F: AmxFmt>(job: &AmxJob, g0: usize, g1: usize) {
                     let act = job.act.add(t * nb * ACT_TILE_BYTES);
                     let rows = (job.n_rows - t * TILE_M).min(TILE_M);
                     for g in 0..n_groups {
-                        let wt = wt0.add(g * nb * W_TILE_BYTES);
-                        let at = |b: usize| (act.add(b * ACT_TILE_BYTES), wt.add(b * W_TILE_BYTES));
+                        let wt = wt0.add(g * nb * w_bytes);
+                        let at = |b: usize| (act.add(b * ACT_TILE_BYTES), wt.add(b * w_bytes));
                         let mut acc = [_mm512_setzero_ps(); TILE_M];
-                        // The tiles run LEAD blocks ahead of the fold, in alternate tile pairs
-                        // and a ring of sums buffers, so the AMX unit works while the vector
-                        // units fold. (Leads of 2 and 3 measured the same as 1.)
-                        for b in 0..nb + LEAD {
+                        // A three-stage pipeline over the blocks: block b's products are
+                        // issued (in tile set b % 2) before block b - 1's sums are stored, so
+                        // a store does not wait on the product just issued, and the vector
+                        // units fold block b - 2 while the tile unit works.
+                        for b in 0..nb + 2 {
                             if b < nb {
                                 let (a1, w1) = at(b);
-                                let sums = c.add(512 * (b % RING));
                                 if b % 2 == 0 {
-                                    block_tiles::<0>(a1, w1, sums);
+                                    issue::<F, 0>(a1, w1);
                                 } else {
-                                    block_tiles::<1>(a1, w1, sums);
+                                    issue::<F, 1>(a1, w1);
                                 }
                             }
-                            if b >= LEAD {
-                                let (a0, w0) = at(b - LEAD);
-                                fold::<F>(&mut acc, c.add(512 * ((b - LEAD) % RING)), a0, w0);
+                            if (1..=nb).contains(&b) {
+                                let sums = c.add(512 * ((b - 1) % RING));
+                                if b % 2 == 1 {
+                                    store::<F, 0>(sums);
+                                } else {
+                                    store::<F, 1>(sums);
+                                }
+                            }
+                            if b >= 2 {
+                                let (a0, w0) = at(b - 2);
+                                fold::<F>(&mut acc, c.add(512 * ((b - 2) % RING)), a0, w0);
                             }
                         }
                         let g = gb + g;

@@ -60,7 +60,7 @@ impl MulSum for Avx512Vnni {
 
 /// `acc + Σ a·b` over each pair of adjacent i16 lanes, exactly into the eight i32 lanes: the
 /// 16-bit twin of [`MulSum`] for A16 activations. `vpmaddwd` cannot overflow here (a weight
-/// quant is at most 128 in magnitude, an A16 quant 32767).
+/// quant is at most 128 in magnitude, an A16 quant 2047).
 pub trait MulSum16 {
     /// See the trait docs.
     ///

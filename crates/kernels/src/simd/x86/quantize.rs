@@ -85,7 +85,7 @@ pub unsafe fn quantize_q8_1(x: &[f32], y: &mut [u8]) {
     }
 }
 
-/// A16 (`d(f32) s(f32) qs[32](i16)`, 72 bytes a block): `d = amax / 32767`,
+/// A16 (`d(f32) s(f32) qs[32](i16)`, 72 bytes a block): `d = amax / 2047`,
 /// `q = round_ties_even(x · (1 / d))` — `vcvtps2dq` under the default rounding mode, exactly
 /// the reference's `round_ties_even` — and `s = d · Σ q`.
 #[inline(always)]
@@ -101,7 +101,7 @@ pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
                 _mm256_loadu_ps(p.add(24)),
             ];
             let amax = abs_max_32(&v);
-            let d = amax / 32767.0;
+            let d = amax / crate::quant::A16_QMAX as f32;
             let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
             let q = [
                 _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id)),
