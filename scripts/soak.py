@@ -884,8 +884,9 @@ def main():
     ap.add_argument("--rss-warmup", type=float, default=None,
                     help="seconds before the RSS baseline (default: a third of --duration, at least 20): "
                          "the allocator's arenas and the tokenizer's caches fill first")
-    ap.add_argument("--kv-cache-memory", default="16MiB",
-                    help="small, so that preemption happens (16MiB: 22 blocks of 16 tokens on SmolLM2-135M)")
+    ap.add_argument("--kv-cache-memory", default="8MiB",
+                    help="small, so that preemption happens (8MiB: 22 blocks of 16 tokens on SmolLM2-135M "
+                         "in the default f16 cache)")
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--drain-timeout", type=int, default=30)
     ap.add_argument("--header-timeout", type=float, default=3)

@@ -3,10 +3,10 @@
 
 mod real_model;
 
-use real_model::{engine, fixture_prompts, params, small_config};
+use real_model::{engine, engine_with, fixture_prompts, params, small_config};
 use tokenmill_engine::{
-    EngineHandle, FinishReason, RequestParams, RequestStream, SamplingParams, SchedulerConfig,
-    StreamEvent,
+    EngineHandle, FinishReason, KvDtype, RequestParams, RequestStream, SamplingParams,
+    SchedulerConfig, StreamEvent,
 };
 
 /// Collects a stream's tokens; checks it ends with `Length`.
@@ -40,6 +40,18 @@ fn run_all(h: &EngineHandle, prompts: &[Vec<u32>], p: &RequestParams) -> Vec<Vec
 
 #[test]
 fn greedy_output_is_the_same_alone_batched_chunked_and_preempted() {
+    same_alone_batched_chunked_and_preempted(KvDtype::F32);
+}
+
+/// The same with the 16-bit cache the commands default to: K/V are rounded as they are written
+/// and attention reads every key from the cache, so chunking and recompute change nothing.
+#[test]
+fn greedy_output_is_the_same_alone_batched_chunked_and_preempted_with_f16_kv_cache() {
+    same_alone_batched_chunked_and_preempted(KvDtype::F16);
+}
+
+fn same_alone_batched_chunked_and_preempted(dtype: KvDtype) {
+    let engine = |config| engine_with(config, dtype);
     let prompts: Vec<Vec<u32>> = fixture_prompts().into_iter().cycle().take(16).collect();
     let p = params(24, SamplingParams::greedy());
     // Alone: one request at a time.

@@ -22,17 +22,18 @@ fn invalid(config: &EngineConfig, model: &Model) -> String {
 fn defaults_resolve_to_the_models_context_and_the_kv_budget() {
     let model = model();
     let (c, warnings) = EngineConfig::default().scheduler_config(&model).unwrap();
-    // SmolLM2: 46080 KV bytes per token in f32; 1 GiB / (16 · 46080) = 1456 blocks.
-    assert_eq!((c.num_blocks, c.block_size), (1456, 16));
+    // SmolLM2: 23040 KV bytes per token in f16 (the default); 1 GiB / (16 · 23040) = 2912
+    // blocks.
+    assert_eq!((c.num_blocks, c.block_size), (2912, 16));
     assert_eq!(c.max_model_len, model.context_length());
     assert_eq!((c.max_num_seqs, c.max_num_batched_tokens), (64, 2048));
     assert!(c.enable_prefix_caching && c.enable_chunked_prefill);
     assert!(warnings.is_empty(), "{warnings:?}");
-    let f16 = EngineConfig {
-        kv_cache_dtype: KvDtype::F16,
+    let f32 = EngineConfig {
+        kv_cache_dtype: KvDtype::F32,
         ..EngineConfig::default()
     };
-    assert_eq!(f16.scheduler_config(&model).unwrap().0.num_blocks, 2 * 1456);
+    assert_eq!(f32.scheduler_config(&model).unwrap().0.num_blocks, 2912 / 2);
 }
 
 #[test]
@@ -49,15 +50,15 @@ fn max_model_len_above_the_context_is_an_error_and_above_the_kv_cache_is_lowered
         "{msg}"
     );
 
-    // 64 MiB hold 91 blocks of 16 tokens: 1456 tokens, fewer than the context.
+    // 64 MiB of f16 hold 182 blocks of 16 tokens: 2912 tokens, fewer than the context.
     let small = EngineConfig {
         kv_cache_memory: KvCacheMemory::Bytes(64 << 20),
         ..EngineConfig::default()
     };
     let (c, warnings) = small.scheduler_config(&model).unwrap();
-    assert_eq!((c.num_blocks, c.max_model_len), (91, 1456));
+    assert_eq!((c.num_blocks, c.max_model_len), (182, 2912));
     assert_eq!(warnings.len(), 1);
-    assert!(warnings[0].contains("lowered from") && warnings[0].contains("1456"));
+    assert!(warnings[0].contains("lowered from") && warnings[0].contains("2912"));
     let set = EngineConfig {
         max_model_len: Some(1000),
         ..small
@@ -104,7 +105,7 @@ fn a_launched_engine_runs_what_its_config_resolved_to() {
     let launched = launch(&config, model).unwrap();
     assert_eq!(launched.config, expected);
     assert_eq!(launched.handle.config(), &expected);
-    assert_eq!(launched.kv_bytes_per_token, 46080);
+    assert_eq!(launched.kv_bytes_per_token, 46080 / 2, "f16 by default");
     assert_eq!(
         launched.warnings.len(),
         1,

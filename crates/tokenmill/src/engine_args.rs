@@ -59,8 +59,9 @@ pub struct EngineArgs {
     /// KV cache size: bytes (4GiB, 512MiB, ...) or a fraction of RAM (0.25).
     #[arg(long, default_value = "1GiB")]
     pub kv_cache_memory: String,
-    /// What the KV cache stores per element.
-    #[arg(long, value_enum, default_value = "f32")]
+    /// What the KV cache stores per element (f16 by default, as llama.cpp's; f32 is the
+    /// reference numerics).
+    #[arg(long, value_enum, default_value = "f16")]
     pub kv_cache_dtype: KvDtypeArg,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
@@ -291,7 +292,9 @@ mod tests {
 
     #[test]
     fn kv_cache_dtype_flag_parses_and_rejects_unknown_values() {
-        assert_eq!(parse(&[]).unwrap().kv_cache_dtype, KvDtypeArg::F32);
+        assert_eq!(parse(&[]).unwrap().kv_cache_dtype, KvDtypeArg::F16);
+        let a = parse(&["--kv-cache-dtype", "f32"]).unwrap();
+        assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::F32);
         let a = parse(&["--kv-cache-dtype", "f16"]).unwrap();
         assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::F16);
         let a = parse(&["--kv-cache-dtype", "bf16"]).unwrap();

@@ -38,8 +38,9 @@ pub struct PerplexityArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// What the KV cache stores per element.
-    #[arg(long, value_enum, default_value = "f32")]
+    /// What the KV cache stores per element (f16 by default, as llama.cpp's; f32 is the
+    /// reference numerics).
+    #[arg(long, value_enum, default_value = "f16")]
     pub kv_cache_dtype: KvDtypeArg,
     /// Print the result as one JSON object on stdout (the per-chunk lines go to stderr).
     #[arg(long)]

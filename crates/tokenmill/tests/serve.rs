@@ -329,7 +329,8 @@ fn lm_eval_harness_against_the_server() {
     // Σ log p(tokens[pos] | tokens[..pos]) for pos in from..len, from one forward pass.
     let model_ll = |tokens: &[u32], from: usize| -> f64 {
         let blocks = tokens.len().div_ceil(16);
-        let mut kv = model.kv_cache(blocks, 16);
+        // The cache `serve` runs by default (f16): the server's numbers, not f32's.
+        let mut kv = model.kv_cache_with_dtype(blocks, 16, tokenmill_model::KvDtype::F16);
         let table: Vec<u32> = (0..blocks as u32).collect();
         let mut ws = tokenmill_model::Workspace::default();
         let c = tokenmill_model::SeqChunk {
@@ -837,8 +838,9 @@ fn gateway_workers() -> [Server; 2] {
         "0",
         "--served-model-name",
         "smollm2",
+        // 75 blocks of 16 tokens in the default f16 cache (53 MiB of f32).
         "--kv-cache-memory",
-        "53MiB",
+        "27136KiB",
         "--max-model-len",
         "512",
     ];
@@ -940,10 +942,11 @@ fn kv_cache_events_rebuild_the_workers_prefix_cache() {
         r#"{{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:{publish}",
             "replay_endpoint": "tcp://*:{replay}", "topic": "{topic}"}}"#
     );
-    // 24 blocks of 16 tokens: three 48-token system prompts and their tails do not all fit.
+    // 24 blocks of 16 tokens (f16, the default): three 48-token system prompts and their tails
+    // do not all fit.
     let serve = [
         "--kv-cache-memory",
-        "17MiB",
+        "8704KiB",
         "--max-model-len",
         "256",
         "--kv-events-config",

@@ -5,16 +5,21 @@
 
 use serde_json::Value;
 use tokenmill_engine::{
-    EngineHandle, ModelRunner, RequestParams, SamplingParams, SchedulerConfig, start,
+    EngineHandle, KvDtype, ModelRunner, RequestParams, SamplingParams, SchedulerConfig, start,
 };
 use tokenmill_gguf::GgufFile;
 use tokenmill_model::LlamaModel;
 
-/// A running engine over the default model with `config`.
+/// A running engine over the default model with `config` and an f32 KV cache.
 pub fn engine(config: SchedulerConfig) -> EngineHandle {
+    engine_with(config, KvDtype::F32)
+}
+
+/// A running engine over the default model with `config` and a KV cache of `dtype`.
+pub fn engine_with(config: SchedulerConfig, dtype: KvDtype) -> EngineHandle {
     let model =
         LlamaModel::load(GgufFile::open(tokenmill_testutil::model_path()).unwrap()).unwrap();
-    let runner = ModelRunner::new(model, &config);
+    let runner = ModelRunner::with_kv_dtype(model, &config, dtype);
     start(runner, config).unwrap().0
 }
 
