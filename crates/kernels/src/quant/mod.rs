@@ -16,7 +16,7 @@
 //!   Q4_0..Q8_0, Q2_K..Q6_K) and the activation quantizers Q8_0 / Q8_1 / Q8_K, byte-exact with ggml.
 //! * [`dot`]: integer dot products `vec_dot_<weight>_<activation>`, one per weight type,
 //!   paired by [`GgmlType::vec_dot_type`].
-//! * [`a16`]: tokenmill's 16-bit activation format A16 (not a ggml type), the partner of the
+//! * [`a16`]: tokenmill's activation format A16 (12-bit quants stored as i16; not a ggml type), the partner of the
 //!   32-element weight formats in `matmul`, with its reference quantizer and dot products.
 //! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (16 rows per
 //!   group, one per SIMD lane), repacked once at load, with its reference dot product.

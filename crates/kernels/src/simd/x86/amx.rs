@@ -3,7 +3,7 @@
 //! (prefill, large decode batches) — **bit-identical** to the AVX-512 VNNI Rows16 kernel
 //! ([`super::rows16`]).
 //!
-//! Why int8 tiles can compute the 16-bit dot exactly: an A16 quant `q` has 12 bits
+//! Why int8 tiles can compute the A16 dot exactly: an A16 quant `q` has 12 bits
 //! ([`crate::quant::A16_QMAX`]), so it is `16·h + l` with `h = q >> 4` an i8 and
 //! `l = q & 15`. For the 4-bit formats (Q4_0's `w` in `-8..=7`, Q4_1's and Q4_K's in
 //! `0..=15`) `16·w` still fits a byte, and one full-depth product of the activation tile
