@@ -46,7 +46,7 @@ fn main() {
         (GgmlType::Q4_K, 1536, 768),
         (GgmlType::Q4_K, 768, 1536),
     ] {
-        if only.is_some_and(|t| *t != ty.to_string()) {
+        if only.is_some_and(|t| !t.eq_ignore_ascii_case(&ty.to_string())) {
             continue;
         }
         let w: Vec<u8> = (0..n)

@@ -182,7 +182,7 @@ impl std::fmt::Display for Tier {
 }
 
 /// An activation format an integer dot product takes: ggml's Q8_0 / Q8_1 / Q8_K (the
-/// `vec_dot_type` partners, bit-compatible with ggml) or tokenmill's 16-bit
+/// `vec_dot_type` partners, bit-compatible with ggml) or tokenmill's 12-bit-in-i16
 /// [A16](crate::quant::a16), which `matmul` uses for the 32-element weight formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]

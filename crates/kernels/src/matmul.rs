@@ -6,7 +6,7 @@
 //!
 //! Quantized weights (the integer path, shaped like ggml's `mul_mat`):
 //! 1. the activation rows are quantized once per call into the format of
-//!    [`ActFormat::for_matmul`](crate::dispatch::ActFormat::for_matmul) — 16-bit
+//!    [`ActFormat::for_matmul`](crate::dispatch::ActFormat::for_matmul) — 12-bit-in-i16
 //!    [A16](crate::quant::a16) for the 32-element weight formats, Q8_K for the k-quants — in a
 //!    thread-local buffer that only grows (no allocation after warm-up), in parallel for
 //!    prefill-sized inputs;

@@ -23,7 +23,7 @@
 use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier};
 use tokenmill_kernels::quant::testing::{SplitMix64, random_f32_row, random_weight_row};
 use tokenmill_kernels::quant::{
-    F16Le, GgmlType, a16_blocks_mut, dequantize_row, quantize_row, quantize_row_a16,
+    A16_QMAX, F16Le, GgmlType, a16_blocks_mut, dequantize_row, quantize_row, quantize_row_a16,
 };
 
 const Q32_TYPES: [GgmlType; 5] = [
@@ -365,6 +365,43 @@ fn activation_quantizers_are_byte_identical_to_reference() {
                 assert_eq!(got, want, "scalar {act:?}");
             }
         }
+    }
+}
+
+/// A16 blocks the model should never make but a bad file could: one so small that its scale
+/// is subnormal and `1 / d` overflows (it quantizes to zeros, not to saturated quants), and
+/// one holding an infinity (every quant 0). Every tier writes the reference's bytes, and no
+/// quant leaves ±`A16_QMAX`, the range the AMX tier's digit split is exact on.
+#[test]
+fn a16_quantizers_agree_on_tiny_and_infinite_blocks() {
+    let mut x = vec![0f32; 96];
+    for (i, v) in x[..32].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 1e-37;
+    }
+    for (i, v) in x[32..64].iter_mut().enumerate() {
+        *v = i as f32 - 16.0;
+    }
+    x[40] = f32::INFINITY;
+    x[64..].copy_from_slice(&random_f32_row(&mut SplitMix64::new(5), 32, 1.0));
+    let bytes = 3 * ActFormat::A16.block_bytes();
+    let mut want = vec![0u8; bytes];
+    quantize_row_a16(&x, a16_blocks_mut(&mut want));
+    let blocks = a16_blocks_mut(&mut want);
+    assert!(
+        blocks[0].quants().iter().all(|&q| q == 0),
+        "{:?}",
+        blocks[0]
+    );
+    assert!(
+        blocks[1].quants().iter().all(|&q| q == 0),
+        "{:?}",
+        blocks[1]
+    );
+    assert!(blocks[2].quants().iter().any(|&q| q.abs() == A16_QMAX));
+    for k in tiers() {
+        let mut got = vec![0u8; bytes];
+        k.quantize_act(ActFormat::A16, &x, &mut got);
+        assert_eq!(got, want, "{}", k.tier());
     }
 }
 

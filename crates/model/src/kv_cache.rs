@@ -7,7 +7,8 @@
 //! caller's business (its block table); this type only stores values. The engine's block
 //! pool hands out block ids; `tokenmill generate` uses blocks `0..n`.
 //!
-//! Elements are f32 (the default, exact), f16 or bf16 ([`KvDtype`]: half the bytes per token,
+//! Elements are f32 (exact; [`KvCache::new`]'s), f16 (the commands' and the engine's default)
+//! or bf16 ([`KvDtype`]; 16-bit: half the bytes per token,
 //! K and V rounded to nearest even as they are written); the arena is one enum and each layer's
 //! views come out as a [`LayerKv`] / [`LayerKvMut`] of the matching type, which the forward
 //! pass hands to the (generic) kernels.

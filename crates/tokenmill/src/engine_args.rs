@@ -22,10 +22,10 @@ pub enum BatchingArg {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvDtypeArg {
     /// 4 bytes per element: exact.
-    #[default]
     F32,
     /// 2 bytes per element (K after RoPE and V, or DeepSeek's latent rows, rounded to nearest
-    /// even): twice the tokens in the same memory, half the bytes attention reads.
+    /// even): twice the tokens in the same memory, half the bytes attention reads. The default.
+    #[default]
     F16,
     /// 2 bytes per element, bfloat16: as f16, with f32's range and three fewer mantissa bits.
     Bf16,

@@ -14,7 +14,7 @@
 //! contiguous value rows of V: the attention kernels read it in place, with no gather and no
 //! transposition. Other block sizes (the tiny tests use 4) are gathered into a scratch tile.
 //!
-//! The store's element type is f32, f16 or bf16 ([`KvElem`], default f32): values are rounded to it
+//! The store's element type is f32, f16 or bf16 ([`KvElem`]; the engine defaults to f16): values are rounded to it
 //! as they are written and widened back as the kernels load them.
 //!
 //! Invariants: a tile never reads past its block (`slot0 + KEY_TILE <= block_size` in the

@@ -35,9 +35,9 @@ pub mod testing;
 mod types;
 
 pub use a16::{
-    A16_BYTES, A16_QMAX, BlockA16, a16_as_bytes, a16_blocks, a16_blocks_mut, dequantize_row_a16,
-    quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16, vec_dot_q5_0_a16,
-    vec_dot_q5_1_a16, vec_dot_q6_K_a16, vec_dot_q8_0_a16,
+    A16_BYTES, A16_QMAX, BlockA16, a16_as_bytes, a16_blocks, a16_blocks_mut, a16_inverse_scale,
+    dequantize_row_a16, quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16,
+    vec_dot_q5_0_a16, vec_dot_q5_1_a16, vec_dot_q6_K_a16, vec_dot_q8_0_a16,
 };
 pub use blocks::{
     Block, BlockQ2_K, BlockQ3_K, BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ5_1, BlockQ5_K,

@@ -6,7 +6,8 @@
 //! sequence is row `block_table[p / block_size] · block_size + p % block_size` of its layer.
 //! Block ownership is the caller's, as for [`KvCache`](crate::KvCache).
 //!
-//! Rows are f32 (the default, exact), f16 or bf16 ([`KvDtype`], `--kv-cache-dtype f16|bf16`:
+//! Rows are f32 (exact; `Model::kv_cache`'s), f16 (the commands' and `EngineConfig`'s default)
+//! or bf16 ([`KvDtype`], `--kv-cache-dtype f32|f16|bf16`; 16-bit:
 //! half the bytes per token and half the bytes MLA reads per key). A 16-bit row is rounded to
 //! nearest even once, when it is written, and widened back to f32 exactly when MLA reads it
 //! ([`LatentKvCache::gather`]), so attention over a 16-bit cache is the f32 computation over

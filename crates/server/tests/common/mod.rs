@@ -13,13 +13,14 @@ pub use tokenmill_testutil::server::{TestServer, load_default_model};
 
 pub const MODEL: &str = "smollm2-test";
 
-/// Small engine settings for tests: 128 MiB of KV (182 blocks), 1024-token context.
+/// Small engine settings for tests: 64 MiB of KV (182 blocks of the default f16), 1024-token
+/// context.
 pub fn engine_options() -> EngineConfig {
     EngineConfig {
         max_num_seqs: 16,
         max_num_batched_tokens: 512,
         max_model_len: Some(1024),
-        kv_cache_memory: KvCacheMemory::Bytes(128 << 20),
+        kv_cache_memory: KvCacheMemory::Bytes(64 << 20),
         ..EngineConfig::default()
     }
 }

@@ -34,7 +34,7 @@
 //! product is done by then, so the store does not wait on the one just issued), then block
 //! `b − 2` is folded into 16 zmm accumulators. Measured on the development Xeon: while a tile
 //! product runs, 512-bit FP operations issue at half rate (one a cycle), so the fold — four
-//! FP operations a row and block — and the tiles barely overlap: per 16 × 16 block on one
+//! FP operations a row and block (three for the formats without an offset) — and the tiles barely overlap: per 16 × 16 block on one
 //! core, ~16 ns of tile work and ~12 ns of fold (BENCHMARKS.md). Every task loads its tile configuration
 //! ([`FUSED_CFG`] or [`SPLIT_CFG`]) and releases the tiles when done. The process must have
 //! asked Linux for the tile state ([`request_permission`]) before any of this runs.
@@ -83,8 +83,9 @@ const fn tile_cfg(colsb: [u16; 8], rows: [u8; 8]) -> TileCfg {
     TileCfg(c)
 }
 
-/// Fused formats: tiles 0-1 are 16 × 16 i32 sums, 4 the 16 × 64-byte `[h | l]` activation
-/// tile, 6 the 16 × 64-byte `[16·w ; w]` weight tile.
+/// Fused formats: tiles 0-1 are 16 × 16 i32 sums, 4-5 the 16 × 64-byte `[h | l]` activation
+/// tiles and 6-7 the 16 × 64-byte `[16·w ; w]` weight tiles (one of each per tile set, so the
+/// next block's loads need not wait for the product reading the last ones).
 static FUSED_CFG: TileCfg = tile_cfg(
     [64, 64, 0, 0, 64, 64, 64, 64],
     [16, 16, 0, 0, 16, 16, 16, 16],

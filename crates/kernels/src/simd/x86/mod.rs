@@ -15,8 +15,8 @@
 //!   f32 dot;
 //! * [`attn`]: attention tiles, merge and the SiLU gate over f32 vectors (AVX2 or AVX-512);
 //! * [`amx`]: the same Rows16 × A16 products on AMX int8 tiles (16 activation rows × 16
-//!   weight rows per instruction pair), bit-identical to [`rows16`], for calls with many
-//!   activation rows;
+//!   weight rows per tile product for the 4-bit formats, per pair for Q5_0/Q8_0),
+//!   bit-identical to [`rows16`], for calls with many activation rows;
 //! * [`tiers`]: the `#[target_feature]` entry points and per-tier [`crate::simd::TierFns`].
 //!
 //! The AVX-512 tier runs the same 256-bit kernels with EVEX `vpdpwssd` / `vpdpbusd` (512-bit

@@ -102,12 +102,12 @@ pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
             ];
             let amax = abs_max_32(&v);
             let d = amax / crate::quant::A16_QMAX as f32;
-            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let id = _mm256_set1_ps(crate::quant::a16_inverse_scale(d));
             let q = [
-                _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id)),
-                _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id)),
-                _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id)),
-                _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id)),
+                a16_quants(v[0], id),
+                a16_quants(v[1], id),
+                a16_quants(v[2], id),
+                a16_quants(v[3], id),
             ];
             let sum = hsum_epi32(_mm256_add_epi32(
                 _mm256_add_epi32(q[0], q[1]),
@@ -122,6 +122,23 @@ pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
             yb[..4].copy_from_slice(&d.to_le_bytes());
             yb[4..8].copy_from_slice(&(sum as f32 * d).to_le_bytes());
         }
+    }
+}
+
+/// `round_ties_even(x · id)` as i32 lanes, a NaN as 0 (the reference's `as`), clamped to
+/// ±[`A16_QMAX`](crate::quant::A16_QMAX): a no-op for finite inputs, but nothing leaves the
+/// 12-bit range the AMX digit split is exact on.
+#[inline(always)]
+unsafe fn a16_quants(x: __m256, id: __m256) -> __m256i {
+    unsafe {
+        let p = _mm256_mul_ps(x, id);
+        let ordered = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_ORD_Q));
+        let q = _mm256_and_si256(_mm256_cvtps_epi32(p), ordered);
+        let top = crate::quant::A16_QMAX as i32;
+        _mm256_min_epi32(
+            _mm256_max_epi32(q, _mm256_set1_epi32(-top)),
+            _mm256_set1_epi32(top),
+        )
     }
 }
 
