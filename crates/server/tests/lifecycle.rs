@@ -64,10 +64,10 @@ async fn disconnects_mid_stream_and_mid_queue_free_everything() {
     drop(a_stream);
     let m = wait_metrics(&c, &s.base, LONG, "idle after A", is_idle).await;
     assert!(metric(&m, "tokenmill_kv_cache_free_blocks").unwrap() > 0.0);
-    // SmolLM2-135M: 30 layers × (K + V of 3 heads × 64) f32 values.
+    // SmolLM2-135M: 30 layers × (K + V of 3 heads × 64) f16 values (the default cache).
     assert_eq!(
         metric(&m, "tokenmill_kv_cache_bytes_per_token"),
-        Some((30 * 2 * 3 * 64 * 4) as f64)
+        Some((30 * 2 * 3 * 64 * 2) as f64)
     );
 
     // C: non-streaming and running when its client goes away.
