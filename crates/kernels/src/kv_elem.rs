@@ -90,6 +90,14 @@ pub trait KvElem: sealed::Sealed + Copy + Default + Send + Sync + fmt::Debug + '
     fn from_f32(x: f32) -> Self;
     /// Exact widening.
     fn to_f32(self) -> f32;
+    /// `dst[i] = from_f32(src[i])` (equal lengths), the way a whole run converts fastest.
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        assert_eq!(src.len(), dst.len());
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = Self::from_f32(x);
+        }
+    }
 }
 
 impl KvElem for f32 {
@@ -102,6 +110,10 @@ impl KvElem for f32 {
     fn to_f32(self) -> f32 {
         self
     }
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
 }
 
 impl KvElem for f16 {
@@ -113,6 +125,13 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
+    }
+    /// `half`'s slice conversion: F16C `vcvtps2ph` several lanes at a time where the CPU has
+    /// it (detected once per call, not per element), the same rounding as [`f16::from_f32`].
+    #[inline]
+    fn from_f32_slice(src: &[f32], dst: &mut [Self]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
     }
 }
 

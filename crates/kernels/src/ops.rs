@@ -164,18 +164,45 @@ pub fn rope_cos_sin(pos: usize, inv_freq: &[f32], mscale: f32, cos_sin: &mut [f3
     }
 }
 
+/// One RoPE rotation of the pair `(x0, x1)`: `(x0·cos − x1·sin, x0·sin + x1·cos)`, each
+/// product rounded before the sum (no fused multiply-add). Every RoPE in the crate — the
+/// queries' ([`rope_with`], [`rope`]) and the keys' on their way into the cache
+/// ([`crate::attention::PagedKvMut::write`]) — is this arithmetic, so they agree bit for bit.
+#[inline(always)]
+pub fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> (f32, f32) {
+    (x0 * cos - x1 * sin, x0 * sin + x1 * cos)
+}
+
+/// Rotates the first `cos_sin.len()` dims of one head (`head.len() >= cos_sin.len()`) by the
+/// angles of [`rope_cos_sin`]: a loop over contiguous pairs per style, with no index checks
+/// in it.
+#[inline]
+pub fn rope_head(head: &mut [f32], cos_sin: &[f32], style: RopeStyle) {
+    let rot = cos_sin.len();
+    match style {
+        RopeStyle::Interleaved => {
+            for (x, cs) in head[..rot].chunks_exact_mut(2).zip(cos_sin.chunks_exact(2)) {
+                (x[0], x[1]) = rotate(x[0], x[1], cs[0], cs[1]);
+            }
+        }
+        RopeStyle::NeoX => {
+            let (lo, hi) = head[..rot].split_at_mut(rot / 2);
+            for ((a, b), cs) in lo
+                .iter_mut()
+                .zip(hi.iter_mut())
+                .zip(cos_sin.chunks_exact(2))
+            {
+                (*a, *b) = rotate(*a, *b, cs[0], cs[1]);
+            }
+        }
+    }
+}
+
 /// [`rope`] with the angles of [`rope_cos_sin`] precomputed.
 pub fn rope_with(x: &mut [f32], head_dim: usize, cos_sin: &[f32], style: RopeStyle) {
-    let rot = cos_sin.len();
-    debug_assert!(rot <= head_dim);
+    debug_assert!(cos_sin.len() <= head_dim);
     for head in x.chunks_exact_mut(head_dim) {
-        for (i, cs) in cos_sin.chunks_exact(2).enumerate() {
-            let (cos, sin) = (cs[0], cs[1]);
-            let (a, b) = rope_pair(i, rot, style);
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
+        rope_head(head, cos_sin, style);
     }
 }
 
@@ -191,9 +218,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, pos: usize, inv_freq: &[f32], style:
         for (i, &f) in inv_freq.iter().enumerate() {
             let (sin, cos) = (pos as f32 * f).sin_cos();
             let (a, b) = rope_pair(i, rot, style);
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
+            (head[a], head[b]) = rotate(head[a], head[b], cos, sin);
         }
     }
 }

@@ -22,7 +22,7 @@
 //! kernels never let them reach a result.
 
 use crate::kv_elem::{KvElem, cast_buf};
-use crate::ops::{RopeStyle, rope_pair};
+use crate::ops::{RopeStyle, rotate};
 use crate::simd::attn::KEY_TILE;
 
 /// The geometry of a paged K/V store.
@@ -238,8 +238,12 @@ impl<T: KvElem> PagedKvMut<'_, T> {
     /// Stores one token's K and V (`kv_dim` each, head-major as a matmul produces them) at
     /// position `pos` of the sequence whose blocks are `block_table`, rotating K by `rope` on
     /// the way (RoFormer, <https://arxiv.org/abs/2104.09864>): one pass over K, and the same
-    /// arithmetic as [`crate::ops::rope`]. Each stored value is rounded to `T` (f16: to
-    /// nearest, ties to even) after the rotation.
+    /// arithmetic as [`crate::ops::rope`] ([`rotate`]). Each stored value is rounded to `T`
+    /// (f16: to nearest, ties to even) after the rotation.
+    ///
+    /// A value row is converted in one run ([`KvElem::from_f32_slice`]); a key goes through
+    /// [`WRITE_RUN`]-element pieces, each rotated and converted in a stack buffer, then
+    /// scattered down its transposed column (one element every `block_size`).
     ///
     /// Panics if the table does not cover `pos` or a length does not match.
     pub fn write(
@@ -251,38 +255,71 @@ impl<T: KvElem> PagedKvMut<'_, T> {
         rope: Option<RopeAt<'_>>,
     ) {
         let lay = self.layout;
-        let hd = lay.head_dim;
+        let (hd, bs) = (lay.head_dim, lay.block_size);
         assert!(k.len() == lay.kv_dim() && v.len() == lay.kv_dim());
         let (block, slot) = lay.locate(block_table, pos);
         assert!((block + 1) * lay.block_len() <= self.k.len().min(self.v.len()));
-        let half = rope.map_or(0, |r| r.cos_sin.len() / 2);
+        let rot = rope.map_or(0, |r| r.cos_sin.len());
+        assert!(rot <= hd && rot.is_multiple_of(2));
         for h in 0..lay.n_kv_heads {
-            let kh = &k[h * hd..(h + 1) * hd];
             let at = lay.v_at(block, h, slot);
-            for (dst, &x) in self.v[at..at + hd].iter_mut().zip(&v[h * hd..(h + 1) * hd]) {
-                *dst = T::from_f32(x);
+            T::from_f32_slice(&v[h * hd..(h + 1) * hd], &mut self.v[at..at + hd]);
+            let kh = &k[h * hd..(h + 1) * hd];
+            // Element `d` of this head's key lives at `col[d * bs]`.
+            let k0 = lay.k_at(block, h, 0, slot);
+            let col = &mut self.k[k0..k0 + (hd - 1) * bs + 1];
+            let mut store = |d0: usize, x: &[f32]| store_strided(&mut col[d0 * bs..], bs, x);
+            if let Some(r) = rope {
+                let (mut lo, mut hi) = ([0f32; WRITE_RUN], [0f32; WRITE_RUN]);
+                match r.style {
+                    RopeStyle::Interleaved => {
+                        for d0 in (0..rot).step_by(WRITE_RUN) {
+                            let n = WRITE_RUN.min(rot - d0);
+                            let pairs = kh[d0..d0 + n].chunks_exact(2);
+                            let cs = r.cos_sin[d0..d0 + n].chunks_exact(2);
+                            for (o, (x, cs)) in lo[..n].chunks_exact_mut(2).zip(pairs.zip(cs)) {
+                                (o[0], o[1]) = rotate(x[0], x[1], cs[0], cs[1]);
+                            }
+                            store(d0, &lo[..n]);
+                        }
+                    }
+                    RopeStyle::NeoX => {
+                        let half = rot / 2;
+                        for i0 in (0..half).step_by(WRITE_RUN) {
+                            let n = WRITE_RUN.min(half - i0);
+                            let cs = r.cos_sin[2 * i0..2 * (i0 + n)].chunks_exact(2);
+                            let (a, b) = (&mut lo[..n], &mut hi[..n]);
+                            for ((a, b), (&x0, (&x1, cs))) in a
+                                .iter_mut()
+                                .zip(b.iter_mut())
+                                .zip(kh[i0..].iter().zip(kh[half + i0..].iter().zip(cs)))
+                            {
+                                (*a, *b) = rotate(x0, x1, cs[0], cs[1]);
+                            }
+                            store(i0, &lo[..n]);
+                            store(half + i0, &hi[..n]);
+                        }
+                    }
+                }
             }
-            match rope {
-                Some(r) => {
-                    let rot = 2 * half;
-                    for i in 0..half {
-                        let (cos, sin) = (r.cos_sin[2 * i], r.cos_sin[2 * i + 1]);
-                        let (a, b) = rope_pair(i, rot, r.style);
-                        let (x0, x1) = (kh[a], kh[b]);
-                        self.k[lay.k_at(block, h, a, slot)] = T::from_f32(x0 * cos - x1 * sin);
-                        self.k[lay.k_at(block, h, b, slot)] = T::from_f32(x0 * sin + x1 * cos);
-                    }
-                    for (d, &x) in kh.iter().enumerate().skip(rot) {
-                        self.k[lay.k_at(block, h, d, slot)] = T::from_f32(x);
-                    }
-                }
-                None => {
-                    for (d, &x) in kh.iter().enumerate() {
-                        self.k[lay.k_at(block, h, d, slot)] = T::from_f32(x);
-                    }
-                }
+            for d0 in (rot..hd).step_by(WRITE_RUN) {
+                store(d0, &kh[d0..hd.min(d0 + WRITE_RUN)]);
             }
         }
+    }
+}
+
+/// Elements of a key converted at once by [`PagedKvMut::write`] (a stack buffer's length).
+const WRITE_RUN: usize = 32;
+
+/// `dst[i * stride] = T::from_f32(x[i])` for `x` of at most [`WRITE_RUN`] values.
+#[inline]
+fn store_strided<T: KvElem>(dst: &mut [T], stride: usize, x: &[f32]) {
+    let mut c = [T::default(); WRITE_RUN];
+    let c = &mut c[..x.len()];
+    T::from_f32_slice(x, c);
+    for (d, &e) in dst.iter_mut().step_by(stride).zip(c.iter()) {
+        *d = e;
     }
 }
 
@@ -379,5 +416,70 @@ mod tests {
                 assert_eq!(f16::from_f32(*a).to_bits(), b.to_bits());
             }
         }
+    }
+
+    /// Keys longer than one conversion run ([`WRITE_RUN`]), partly rotated, in each element
+    /// type: every stored element is [`crate::ops::rope`]'s value rounded by `T::from_f32`,
+    /// at its transposed place.
+    fn long_heads_are_rotated_and_rounded_element_by_element<T: KvElem>() {
+        let lay = KvLayout {
+            block_size: 3,
+            n_kv_heads: 2,
+            head_dim: 104,
+        };
+        let n = 4 * lay.block_len();
+        let (mut k, mut v) = (vec![T::default(); n], vec![T::default(); n]);
+        let table = [3u32, 1, 0, 2];
+        // 88 rotated dims (44 pairs: two runs, the second partial), 16 left as they are.
+        let inv_freq: Vec<f32> = (0..44).map(|i| 0.9f32.powi(i)).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+            for pos in [0, 2, 4, 11] {
+                let kt: Vec<f32> = (0..208).map(|i| (i as f32 * 0.61 - 50.0) / 7.0).collect();
+                let vt: Vec<f32> = (0..208).map(|i| 3.0 / (i as f32 - 99.5)).collect();
+                let mut cs = vec![0f32; 88];
+                rope_cos_sin(pos, &inv_freq, 1.0, &mut cs);
+                let mut kv = PagedKvMut {
+                    k: &mut k,
+                    v: &mut v,
+                    layout: lay,
+                };
+                kv.write(
+                    &table,
+                    pos,
+                    &kt,
+                    &vt,
+                    Some(RopeAt {
+                        cos_sin: &cs,
+                        style,
+                    }),
+                );
+                let mut want = kt.clone();
+                rope(&mut want, 104, pos, &inv_freq, style);
+                let (block, slot) = lay.locate(&table, pos);
+                for h in 0..2 {
+                    for d in 0..104 {
+                        let (got, exp) = (k[lay.k_at(block, h, d, slot)], want[h * 104 + d]);
+                        let (got, exp) = (got.to_f32(), T::from_f32(exp).to_f32());
+                        assert_eq!(got.to_bits(), exp.to_bits(), "{style:?} {pos} {h} {d}");
+                    }
+                    let at = lay.v_at(block, h, slot);
+                    for d in 0..104 {
+                        let exp = T::from_f32(vt[h * 104 + d]).to_f32();
+                        assert_eq!(v[at + d].to_f32().to_bits(), exp.to_bits());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri perturbs every sin/cos call, so two computations of one rotation differ"
+    )]
+    fn long_heads_are_written_as_the_reference_in_every_element_type() {
+        long_heads_are_rotated_and_rounded_element_by_element::<f32>();
+        long_heads_are_rotated_and_rounded_element_by_element::<half::f16>();
+        long_heads_are_rotated_and_rounded_element_by_element::<half::bf16>();
     }
 }
