@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Bounds on prompt lookup for a workload: replays greedy outputs through n-gram proposers.
+
+Fetches each prompt's greedy completion from a running `tokenmill serve` (speculation off or
+on: greedy output is the same), re-tokenizes prompt + completion with its `/tokenize`, then
+walks every output position as the engine would: a proposer offers up to K drafts, the
+accepted ones are the prefix that matches the real output, a step advances by accepted + 1.
+A step costs T1 + drafts verified * C (ms; defaults from a served profile on a Zen 5 machine,
+BENCHMARKS.md), and the speed-up is tokens * T1 / total time. Two policies: verify every draft
+the proposer offers, and an oracle that verifies exactly the drafts that will be accepted
+(what no draft-count rule can beat for that proposer).
+
+Usage: scripts/spec-replay.py [--url http://127.0.0.1:8000] [--model m]
+           [--dataset scripts/data/spec-edit-prompts.jsonl] [--t1 3.56] [--c 0.49]
+"""
+import argparse
+import json
+import urllib.request
+
+
+def post(url, path, body):
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        return json.load(r)
+
+
+def latest_match(seq, k, lo=2, hi=4):
+    """The shipped proposer: the latest earlier match of the last hi..lo tokens."""
+    n_tok = len(seq)
+    for n in range(min(hi, n_tok - 1), lo - 1, -1):
+        pat = seq[n_tok - n:]
+        for s in range(n_tok - n - 1, -1, -1):
+            if seq[s:s + n] == pat:
+                return [seq[s + n:s + n + k]]
+    return []
+
+
+def longest_match(seq, k, lo=2, hi=64):
+    """The earlier position whose preceding tokens match the sequence's end the longest."""
+    n_tok, best, best_len = len(seq), None, 0
+    for e in range(n_tok - 1, 0, -1):
+        m = 0
+        while m < hi and e - 1 - m >= 0 and seq[e - 1 - m] == seq[n_tok - 1 - m]:
+            m += 1
+        if m > best_len:
+            best, best_len = e, m
+    return [seq[best:best + k]] if best_len >= lo else []
+
+
+def two_latest(seq, k, lo=2, hi=4):
+    """A tree of two: the latest matches (longest n first) with different next tokens."""
+    n_tok, out, firsts = len(seq), [], set()
+    for n in range(min(hi, n_tok - 1), lo - 1, -1):
+        pat = seq[n_tok - n:]
+        for s in range(n_tok - n - 1, -1, -1):
+            if seq[s:s + n] == pat:
+                c = seq[s + n:s + n + k]
+                if c and c[0] not in firsts:
+                    firsts.add(c[0])
+                    out.append(c)
+                    if len(out) == 2:
+                        return out
+        if out:
+            return out
+    return out
+
+
+def replay(data, proposer, k, oracle, t1, c):
+    tokens = time = 0.0
+    for prompt_len, seq in data:
+        pos = prompt_len
+        while pos < len(seq):
+            best = rows = 0
+            for cand in proposer(seq[:pos], k):
+                a = 0
+                while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
+                    a += 1
+                best = max(best, a)
+                rows += len(cand)
+            if oracle:
+                rows = best
+            step = min(best + 1, len(seq) - pos)
+            pos += step
+            tokens += step
+            time += t1 + rows * c
+    return tokens * t1 / time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", default="http://127.0.0.1:8000")
+    ap.add_argument("--model", default="m")
+    ap.add_argument("--dataset", default="scripts/data/spec-edit-prompts.jsonl")
+    ap.add_argument("--t1", type=float, default=3.56, help="ms of a one-row step")
+    ap.add_argument("--c", type=float, default=0.49, help="ms of each verified draft")
+    ap.add_argument("--k", type=int, default=8, help="drafts a step at most")
+    args = ap.parse_args()
+    data = []
+    for line in open(args.dataset):
+        p = json.loads(line)
+        r = post(args.url, "/v1/completions", {"model": args.model, "prompt": p["prompt"],
+                                               "max_tokens": p.get("output_len", 128),
+                                               "temperature": 0})
+        text = r["choices"][0]["text"]
+        prompt = post(args.url, "/tokenize", {"model": args.model, "prompt": p["prompt"]})["tokens"]
+        full = post(args.url, "/tokenize", {"model": args.model, "prompt": p["prompt"] + text})["tokens"]
+        data.append((len(prompt), full))
+    print(f"{len(data)} prompts; a step costs {args.t1} ms + {args.c} ms a draft; k <= {args.k}")
+    print(f"{'proposer':<44} {'verify all':>10} {'oracle':>8}")
+    for name, prop in [("latest match of the last 4..2 tokens (shipped)", latest_match),
+                       ("longest context match, min 2", longest_match),
+                       ("longest context match, min 1", lambda s, k: longest_match(s, k, 1)),
+                       ("two candidates (a tree)", two_latest)]:
+        print(f"{name:<44} {replay(data, prop, args.k, False, args.t1, args.c):>9.2f}x "
+              f"{replay(data, prop, args.k, True, args.t1, args.c):>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
