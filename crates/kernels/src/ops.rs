@@ -177,7 +177,7 @@ pub fn rotate(x0: f32, x1: f32, cos: f32, sin: f32) -> (f32, f32) {
 /// angles of [`rope_cos_sin`]: a loop over contiguous pairs per style, with no index checks
 /// in it.
 #[inline]
-pub fn rope_head(head: &mut [f32], cos_sin: &[f32], style: RopeStyle) {
+fn rope_head(head: &mut [f32], cos_sin: &[f32], style: RopeStyle) {
     let rot = cos_sin.len();
     match style {
         RopeStyle::Interleaved => {

@@ -288,13 +288,9 @@ impl<T: KvElem> PagedKvMut<'_, T> {
                         for i0 in (0..half).step_by(WRITE_RUN) {
                             let n = WRITE_RUN.min(half - i0);
                             let cs = r.cos_sin[2 * i0..2 * (i0 + n)].chunks_exact(2);
-                            let (a, b) = (&mut lo[..n], &mut hi[..n]);
-                            for ((a, b), (&x0, (&x1, cs))) in a
-                                .iter_mut()
-                                .zip(b.iter_mut())
-                                .zip(kh[i0..].iter().zip(kh[half + i0..].iter().zip(cs)))
-                            {
-                                (*a, *b) = rotate(x0, x1, cs[0], cs[1]);
+                            let (x0, x1) = (&kh[i0..i0 + n], &kh[half + i0..half + i0 + n]);
+                            for (j, cs) in cs.enumerate() {
+                                (lo[j], hi[j]) = rotate(x0[j], x1[j], cs[0], cs[1]);
                             }
                             store(i0, &lo[..n]);
                             store(half + i0, &hi[..n]);
