@@ -10,7 +10,7 @@
 
 use std::str::FromStr;
 
-use tokenmill_model::KvShape;
+use tokenmill_model::{KvDtype, KvShape};
 
 use crate::error::EngineError;
 
@@ -67,15 +67,15 @@ impl FromStr for KvCacheMemory {
     }
 }
 
-/// Blocks of `block_size` tokens of `shape` (elements of `elem_bytes`) that fit in
+/// Blocks of `block_size` tokens of `shape` (in a cache of `dtype`) that fit in
 /// `budget_bytes`. May be 0: the caller decides whether that is fatal.
 pub fn num_blocks_for_memory(
     shape: &KvShape,
     block_size: usize,
-    elem_bytes: usize,
+    dtype: KvDtype,
     budget_bytes: u64,
 ) -> usize {
-    let per_block = shape.bytes_per_block(block_size, elem_bytes) as u64;
+    let per_block = shape.bytes_per_block(block_size, dtype) as u64;
     if per_block == 0 {
         return 0;
     }
@@ -104,12 +104,18 @@ mod tests {
     #[test]
     fn blocks_from_budget() {
         let one_gib = KvCacheMemory::Bytes(1 << 30).resolve(0);
-        assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, 4, one_gib), 1456);
+        assert_eq!(
+            num_blocks_for_memory(&SMOLLM2, 16, KvDtype::F32, one_gib),
+            1456
+        );
         let half = KvCacheMemory::FractionOfRam(0.5).resolve(8 << 30);
         assert_eq!(half, 4 << 30);
-        assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, 4, 1000), 0);
+        assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, KvDtype::F32, 1000), 0);
         // An f16 cache: twice the blocks in the same budget.
-        assert_eq!(num_blocks_for_memory(&SMOLLM2, 16, 2, one_gib), 2 * 1456);
+        assert_eq!(
+            num_blocks_for_memory(&SMOLLM2, 16, KvDtype::F16, one_gib),
+            2 * 1456
+        );
     }
 
     #[test]

@@ -104,7 +104,7 @@ impl EngineConfig {
         let num_blocks = num_blocks_for_memory(
             &model.kv_shape(),
             self.block_size,
-            self.kv_cache_dtype.bytes(),
+            self.kv_cache_dtype,
             budget,
         );
         if num_blocks == 0 {

@@ -27,7 +27,8 @@ use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tokenmill_kernels::attention::{
-    AttnScratch, AttnSeq, AttnShape, KvLayout, PagedKv, attention_with,
+    AttnScratch, AttnSeq, AttnShape, K_SCALE_GROUPS, KvElem, KvLayout, PagedKv, PagedKvMut,
+    attention_with, f16,
 };
 use tokenmill_kernels::dispatch::{Kernels, Tier, kernels};
 use tokenmill_kernels::glu::matmul_silu_mul_with;
@@ -189,10 +190,11 @@ fn bench_fused(c: &mut Criterion) {
     g.finish();
 }
 
-/// One attention case: `b` sequences of `ctx` positions, the last `n_q` of them queries;
+/// One attention case: `b` sequences of `ctx` positions, the last `n_q` of them queries, over
+/// a K/V store of `T` (f32, f16 or int8: every row written through `PagedKvMut::write`);
 /// successive calls take successive copies of the cache out of `layers` (a model's layers:
 /// with many, each call streams its K/V from memory as a decode step does, not from cache).
-fn bench_attention_case(
+fn bench_attention_case<T: KvElem>(
     c: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     (b, ctx, n_q): (usize, usize, usize),
@@ -211,23 +213,52 @@ fn bench_attention_case(
     };
     let per_seq = ctx.div_ceil(layout.block_size);
     let len = b * per_seq * layout.block_len();
+    let n_scales = if T::SCALED {
+        b * per_seq * layout.block_scales()
+    } else {
+        0
+    };
     let mut rng = SplitMix64::new(13);
-    let (kbuf, vbuf) = (
-        random_f32_row(&mut rng, layers * len, 0.5),
-        random_f32_row(&mut rng, layers * len, 0.5),
+    let (mut kbuf, mut vbuf) = (
+        vec![T::default(); layers * len],
+        vec![T::default(); layers * len],
     );
-    let kvs: Vec<PagedKv> = (0..layers)
-        .map(|l| PagedKv {
-            k: &kbuf[l * len..(l + 1) * len],
-            v: &vbuf[l * len..(l + 1) * len],
-            layout,
-        })
-        .collect();
-    let mut layer = 0;
+    let mut ksbuf = vec![0f32; layers * K_SCALE_GROUPS * n_scales];
+    let mut vsbuf = vec![0f32; layers * n_scales];
     // Interleaved block tables, as sequences that grew side by side get them.
     let tables: Vec<Vec<u32>> = (0..b)
         .map(|s| (0..per_seq).map(|i| (i * b + s) as u32).collect())
         .collect();
+    for l in 0..layers {
+        let ks = K_SCALE_GROUPS * n_scales;
+        let mut w = PagedKvMut {
+            k: &mut kbuf[l * len..(l + 1) * len],
+            v: &mut vbuf[l * len..(l + 1) * len],
+            k_scale: &mut ksbuf[l * ks..(l + 1) * ks],
+            v_scale: &mut vsbuf[l * n_scales..(l + 1) * n_scales],
+            layout,
+        };
+        for t in &tables {
+            for pos in 0..ctx {
+                let k = random_f32_row(&mut rng, layout.kv_dim(), 0.5);
+                let v = random_f32_row(&mut rng, layout.kv_dim(), 0.5);
+                w.write(t, pos, &k, &v, None);
+            }
+        }
+    }
+    let kvs: Vec<PagedKv<T>> = (0..layers)
+        .map(|l| {
+            let ks = K_SCALE_GROUPS * n_scales;
+            PagedKv {
+                k: &kbuf[l * len..(l + 1) * len],
+                v: &vbuf[l * len..(l + 1) * len],
+                k_scale: &ksbuf[l * ks..(l + 1) * ks],
+                v_scale: &vsbuf[l * n_scales..(l + 1) * n_scales],
+                layout,
+            }
+        })
+        .collect();
+    let mut layer = 0;
     let seqs: Vec<AttnSeq> = tables
         .iter()
         .map(|t| AttnSeq {
@@ -265,19 +296,22 @@ fn bench_attention_case(
 
 fn bench_attention(c: &mut Criterion) {
     let mut g = c.benchmark_group("attention");
-    bench_attention_case(&mut g, "decode_b1_ctx1024", (1, 1024, 1), 1);
-    bench_attention_case(&mut g, "decode_b32_ctx192", (32, 192, 1), 1);
-    // SmolLM2's 30 layers of K/V for 32 sequences (283 MB): the memory-bound batched decode.
-    bench_attention_case(&mut g, "decode_b32_ctx192_30_layers", (32, 192, 1), 30);
-    bench_attention_case(&mut g, "prefill_512", (1, 512, 512), 1);
+    bench_attention_case::<f32>(&mut g, "decode_b1_ctx1024", (1, 1024, 1), 1);
+    bench_attention_case::<f32>(&mut g, "decode_b32_ctx192", (32, 192, 1), 1);
+    // SmolLM2's 30 layers of K/V for 32 sequences (283 MB): the memory-bound batched decode;
+    // and in the 16-bit and int8 stores (142 and 82 MB).
+    bench_attention_case::<f32>(&mut g, "decode_b32_ctx192_30_layers", (32, 192, 1), 30);
+    bench_attention_case::<f16>(&mut g, "decode_b32_ctx192_30_layers_f16", (32, 192, 1), 30);
+    bench_attention_case::<i8>(&mut g, "decode_b32_ctx192_30_layers_int8", (32, 192, 1), 30);
+    bench_attention_case::<f32>(&mut g, "prefill_512", (1, 512, 512), 1);
     // A speculative verification chunk (the last token and five drafts) beside a plain
     // decode of the same context.
-    bench_attention_case(&mut g, "decode_b1_ctx128", (1, 128, 1), 1);
-    bench_attention_case(&mut g, "decode_b1_ctx320", (1, 320, 1), 1);
-    bench_attention_case(&mut g, "verify6_b1_ctx320", (1, 320, 6), 1);
+    bench_attention_case::<f32>(&mut g, "decode_b1_ctx128", (1, 128, 1), 1);
+    bench_attention_case::<f32>(&mut g, "decode_b1_ctx320", (1, 320, 1), 1);
+    bench_attention_case::<f32>(&mut g, "verify6_b1_ctx320", (1, 320, 6), 1);
     // The same from memory: 30 layers' K/V of a 400-token context, as a served stream's.
-    bench_attention_case(&mut g, "decode_b1_ctx400_30_layers", (1, 400, 1), 30);
-    bench_attention_case(&mut g, "verify6_b1_ctx400_30_layers", (1, 400, 6), 30);
+    bench_attention_case::<f32>(&mut g, "decode_b1_ctx400_30_layers", (1, 400, 1), 30);
+    bench_attention_case::<f32>(&mut g, "verify6_b1_ctx400_30_layers", (1, 400, 6), 30);
     g.finish();
 }
 

@@ -54,11 +54,7 @@ fn main() {
         let vbuf: Vec<f32> = (0..len)
             .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
             .collect();
-        let kv = PagedKv {
-            k: &kbuf,
-            v: &vbuf,
-            layout,
-        };
+        let kv = PagedKv::new(&kbuf, &vbuf, layout);
         let tables: Vec<Vec<u32>> = (0..b)
             .map(|s| (0..per_seq).map(|i| (i * b + s) as u32).collect())
             .collect();

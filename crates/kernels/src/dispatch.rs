@@ -21,7 +21,7 @@
 //! | A16, Q8_0, Q8_1 activation quantizers | reference | SIMD, byte-identical |
 //! | Q8_K activation quantizer | reference | reference |
 //! | f32 dot | scalar | FMA |
-//! | attention tile / merge (head dim a multiple of the lanes), f32, f16 or bf16 K/V | reference | AVX2 + F16C (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
+//! | attention tile / merge (head dim a multiple of the lanes), f32, f16, bf16 or int8 K/V | reference | AVX2 + F16C (8 lanes) / AVX-512 F (16 lanes, AVX-512 tier) |
 //! | SiLU-gated product | reference | AVX2 / AVX-512 F |
 //!
 //! The AMX tier is the AVX-512 VNNI tier plus matmuls of Rows16 weights (Q4_0, Q4_1, Q5_0, Q8_0

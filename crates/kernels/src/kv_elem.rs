@@ -1,5 +1,6 @@
 //! The element type of a paged K/V store: f32, or at half the bytes per token IEEE binary16
-//! (`half::f16`) or bfloat16 (`half::bf16`: f32's exponent range, 8 bits of mantissa).
+//! (`half::f16`) or bfloat16 (`half::bf16`: f32's exponent range, 8 bits of mantissa), or at
+//! a quarter (plus a scale) int8 with one f32 scale per row (`i8`).
 //!
 //! Attention reads K and V from memory once per step, so in batched decode it is bound by the
 //! cache's bytes; f16 and bf16 halve them (llama.cpp's default `-ctk f16 -ctv f16`, and its
@@ -12,10 +13,22 @@
 //! canonical order. So a 16-bit run is the f32 kernel over the rounded cache, bit for bit
 //! (`tests/attention.rs` checks it), and the f32 path is unchanged.
 //!
+//! **int8** (`--kv-cache-dtype int8`; OpenVINO's default KV precision is u8, llama.cpp's
+//! `-ctk q8_0`): each (token, KV head) row of K (after RoPE) and of V is stored as `i8`
+//! quants `q = round(x · 127 / absmax)` (to nearest even, within ±127) with its scale
+//! `absmax / 127` beside the store ([`int8_scale`]) — a key in four groups, its quarters
+//! ([`K_SCALE_GROUPS`]); a group of zeros, or one with a value that is not finite, gets
+//! scale 0. The kernels widen the quants exactly and apply the scales where they cost
+//! least: each of a tile's four partial score sums (one per quarter of `head_dim`) is
+//! multiplied by its keys' scales before they are added, and each probability by its value
+//! row's scale before `P · V` ([`KvElem::SCALED`]). So an int8 run is not the f32 kernel over the dequantized cache bit
+//! for bit (the scale moves from each element to the sum); it is tested against the reference
+//! over the dequantized values with an error budget.
+//!
 //! One generic code path over the element type: the store, the views, the write, the tile
 //! gather and the kernels are generic over [`KvElem`] (implemented for `f32`, `f16` and
 //! `bf16` only), and the SIMD kernels over "load one vector of lanes of `E` as f32"
-//! (`simd::x86::attn::LoadKv`). This module sits below both the attention code and the SIMD
+//! (`simd::x86::attn::LoadKv`); the scales only where `E::SCALED`. This module sits below both the attention code and the SIMD
 //! kernels (it depends on neither); the tier table picks a tile kernel per element type
 //! (`TierFns::attn_tile_for`).
 
@@ -34,26 +47,43 @@ pub enum KvDtype {
     F16,
     /// 2 bytes; bfloat16 (the top half of an f32), rounded to nearest even on write.
     BF16,
+    /// 1 byte, plus one f32 scale per row (a KV head's K or V of one token); symmetric, to
+    /// nearest even.
+    I8,
 }
 
 impl KvDtype {
     /// Every dtype, in the order the CLI lists them.
-    pub const ALL: [KvDtype; 3] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16];
+    pub const ALL: [KvDtype; 4] = [KvDtype::F32, KvDtype::F16, KvDtype::BF16, KvDtype::I8];
 
-    /// Bytes of one element.
+    /// Bytes of one element (without the scales of [`KvDtype::I8`]: see
+    /// [`Self::row_bytes`]).
     pub fn bytes(self) -> usize {
         match self {
             KvDtype::F32 => 4,
             KvDtype::F16 | KvDtype::BF16 => 2,
+            KvDtype::I8 => 1,
         }
     }
 
-    /// `"f32"`, `"f16"` or `"bf16"`.
+    /// Bytes the store holds for one token's K and V of one KV head: `2 · head_dim`
+    /// elements, and for int8 their f32 scales ([`K_SCALE_GROUPS`] for K, one for V).
+    pub fn head_bytes(self, head_dim: usize) -> usize {
+        let scales = if self == KvDtype::I8 {
+            K_SCALE_GROUPS + 1
+        } else {
+            0
+        };
+        2 * head_dim * self.bytes() + 4 * scales
+    }
+
+    /// `"f32"`, `"f16"`, `"bf16"` or `"int8"`.
     pub fn name(self) -> &'static str {
         match self {
             KvDtype::F32 => "f32",
             KvDtype::F16 => "f16",
             KvDtype::BF16 => "bf16",
+            KvDtype::I8 => "int8",
         }
     }
 }
@@ -71,22 +101,29 @@ impl FromStr for KvDtype {
         KvDtype::ALL
             .into_iter()
             .find(|d| d.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown KV cache dtype {s:?} (expected f32, f16 or bf16)"))
+            .ok_or_else(|| {
+                format!("unknown KV cache dtype {s:?} (expected f32, f16, bf16 or int8)")
+            })
     }
 }
 
 mod sealed {
-    /// Seals [`super::KvElem`]: only `f32`, `f16` and `bf16` implement it.
+    /// Seals [`super::KvElem`]: only `f32`, `f16`, `bf16` and `i8` implement it.
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::f16 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for i8 {}
 }
 
-/// An element type of the paged K/V store: `f32`, `f16` or `bf16` (sealed).
+/// An element type of the paged K/V store: `f32`, `f16`, `bf16` or `i8` (sealed).
 pub trait KvElem: sealed::Sealed + Copy + Default + Send + Sync + fmt::Debug + 'static {
     const DTYPE: KvDtype;
-    /// This type's nearest value to `x` (round to nearest, ties to even).
+    /// Whether each stored row carries an f32 scale (the value is `to_f32() · scale`): `i8`
+    /// only. The float types are their own values.
+    const SCALED: bool = false;
+    /// This type's nearest value to `x` (round to nearest, ties to even; `i8`: of the
+    /// already scaled `x`, saturated to ±127).
     fn from_f32(x: f32) -> Self;
     /// Exact widening.
     fn to_f32(self) -> f32;
@@ -147,12 +184,64 @@ impl KvElem for bf16 {
     }
 }
 
+impl KvElem for i8 {
+    const DTYPE: KvDtype = KvDtype::I8;
+    const SCALED: bool = true;
+    /// Clamped to ±127, then rounded to nearest even by adding and subtracting 1.5 · 2^23
+    /// (exact below 2^22, and plain f32 arithmetic the compiler vectorizes, where
+    /// `round_ties_even` is a libm call on baseline x86-64); NaN becomes 0.
+    #[inline(always)]
+    fn from_f32(x: f32) -> Self {
+        const MAGIC: f32 = 12_582_912.0;
+        ((x.clamp(-127.0, 127.0) + MAGIC) - MAGIC) as i8
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+/// Scales per (token, KV head) row of an int8 K: one per quarter of `head_dim` — the four
+/// chains a score sums ([`crate::simd::attn`]'s canonical order), so each chain's sum is
+/// scaled once. Keys carry outlier channels (a few dims far larger than the rest); a quarter
+/// without one keeps its own resolution. V has one scale per row.
+pub const K_SCALE_GROUPS: usize = 4;
+
+/// The int8 scale of a row whose largest magnitude is `absmax`, and the factor its values
+/// are multiplied by before rounding: `(absmax / 127, 127 / absmax)`, or `(0, 0)` for a row
+/// of zeros or one that is not finite (it is stored as zeros).
+#[inline]
+pub fn int8_scale(absmax: f32) -> (f32, f32) {
+    if absmax > 0.0 && absmax.is_finite() {
+        (absmax / 127.0, 127.0 / absmax)
+    } else {
+        (0.0, 0.0)
+    }
+}
+
+/// `max(m, |x|)`, NaN once either is NaN (so a row with a NaN gets scale 0).
+#[inline(always)]
+pub fn absmax(m: f32, x: f32) -> f32 {
+    let a = x.abs();
+    if a > m || a.is_nan() { a } else { m }
+}
+
+/// Quantizes `src` into `dst` (equal lengths) as one int8 row; returns its scale.
+pub fn quantize_int8_row(src: &[f32], dst: &mut [i8]) -> f32 {
+    assert_eq!(src.len(), dst.len());
+    let (scale, inv) = int8_scale(src.iter().fold(0.0, |m, &x| absmax(m, x)));
+    for (d, &x) in dst.iter_mut().zip(src) {
+        *d = i8::from_f32(x * inv);
+    }
+    scale
+}
+
 /// `buf` viewed as elements of `T` (as many as its bytes hold): the tile gather's scratch is
 /// f32, whatever the store's element type.
 pub(crate) fn cast_buf<T: KvElem>(buf: &mut [f32]) -> &mut [T] {
     const { assert!(std::mem::size_of::<T>() <= 4 && std::mem::align_of::<T>() <= 4) };
     let n = std::mem::size_of_val(buf) / std::mem::size_of::<T>();
-    // SAFETY: `T` is f32, f16 or bf16 (the sealed trait): plain bits, every pattern valid,
+    // SAFETY: `T` is f32, f16, bf16 or i8 (the sealed trait): plain bits, every pattern valid,
     // alignment at most f32's; the view covers exactly the bytes of `buf` and borrows it
     // mutably.
     unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<T>(), n) }
@@ -169,9 +258,45 @@ mod tests {
         }
         assert_eq!("F16".parse::<KvDtype>(), Ok(KvDtype::F16));
         assert_eq!("BF16".parse::<KvDtype>(), Ok(KvDtype::BF16));
+        assert_eq!("INT8".parse::<KvDtype>(), Ok(KvDtype::I8));
         assert!("fp8".parse::<KvDtype>().is_err());
         assert_eq!(KvDtype::F16.bytes() * 2, KvDtype::F32.bytes());
         assert_eq!(KvDtype::BF16.bytes(), KvDtype::F16.bytes());
+        assert_eq!(KvDtype::F16.head_bytes(64), 256);
+        assert_eq!(KvDtype::I8.head_bytes(64), 128 + 20);
+    }
+
+    #[test]
+    fn int8_rows_round_to_nearest_even_within_the_row_scale() {
+        // absmax 254: scale 2, so the quants are the halves, ties to even.
+        let src = [254.0f32, -127.0, 1.0, 3.0, 0.0, -254.0, 100.2];
+        let mut q = [0i8; 7];
+        let scale = quantize_int8_row(&src, &mut q);
+        assert_eq!(scale, 2.0);
+        assert_eq!(q, [127, -64, 0, 2, 0, -127, 50]);
+        for (x, q) in src.iter().zip(q) {
+            assert!((q as f32 * scale - x).abs() <= 0.5 * scale);
+        }
+        // Zeros and non-finite rows are stored as zeros with scale 0; saturation is symmetric.
+        assert_eq!(quantize_int8_row(&[0.0; 3], &mut q[..3]), 0.0);
+        assert_eq!(quantize_int8_row(&[1.0, f32::NAN, 2.0], &mut q[..3]), 0.0);
+        assert_eq!(q[..3], [0, 0, 0]);
+        assert_eq!(i8::from_f32(300.0), 127);
+        assert_eq!(i8::from_f32(-300.0), -127);
+        assert_eq!(i8::from_f32(f32::NAN), 0);
+        // The rounding trick agrees with round_ties_even over the whole range, halves included.
+        for i in -1300..=1300 {
+            let x = i as f32 / 10.0 + 0.05 * (i % 2) as f32;
+            let want = x.round_ties_even().clamp(-127.0, 127.0) as i8;
+            assert_eq!(i8::from_f32(x), want, "{x}");
+        }
+        for h in -255..=255 {
+            let x = h as f32 / 2.0;
+            assert_eq!(
+                i8::from_f32(x),
+                x.round_ties_even().clamp(-127.0, 127.0) as i8
+            );
+        }
     }
 
     #[test]

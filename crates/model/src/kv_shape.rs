@@ -8,8 +8,11 @@
 //!   no separate V). It also knows what an implementation that expands K and V would cache
 //!   (`expanded_dim`), for reports of the saving.
 //!
-//! Bytes per element come from the cache's element type (`KvDtype`), so a size is always
-//! `elements · elem_bytes`.
+//! Bytes come from the cache's element type (`KvDtype`): `elements · elem_bytes`, plus for
+//! int8 the scales (five per KV head's K and V rows; one per
+//! [`LATENT_INT8_GROUP`](crate::deepseek::LATENT_INT8_GROUP) values of a latent row).
+
+use tokenmill_kernels::attention::KvDtype;
 
 /// What each token caches, per layer (for sizing and reporting).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,14 +64,26 @@ impl KvShape {
         }
     }
 
-    /// Bytes cached per token with elements of `elem_bytes` (4 for f32, 2 for f16).
-    pub fn bytes_per_token(&self, elem_bytes: usize) -> usize {
-        self.elems_per_token() * elem_bytes
+    /// Bytes cached per token in a cache of `dtype` (int8: with its scales).
+    pub fn bytes_per_token(&self, dtype: KvDtype) -> usize {
+        match *self {
+            KvShape::Standard {
+                n_layers,
+                n_kv_heads,
+                head_dim,
+            } => n_layers * n_kv_heads * dtype.head_bytes(head_dim),
+            KvShape::Latent {
+                n_layers,
+                kv_lora_rank,
+                rope_dim,
+                ..
+            } => n_layers * crate::deepseek::latent_row_bytes(dtype, kv_lora_rank + rope_dim),
+        }
     }
 
     /// Bytes of one block of `block_size` tokens.
-    pub fn bytes_per_block(&self, block_size: usize, elem_bytes: usize) -> usize {
-        block_size * self.bytes_per_token(elem_bytes)
+    pub fn bytes_per_block(&self, block_size: usize, dtype: KvDtype) -> usize {
+        block_size * self.bytes_per_token(dtype)
     }
 }
 
@@ -84,9 +99,9 @@ mod tests {
             n_kv_heads: 3,
             head_dim: 64,
         };
-        assert_eq!(smollm2.bytes_per_token(4), 46_080);
-        assert_eq!(smollm2.bytes_per_block(16, 4), 737_280);
-        assert_eq!(smollm2.bytes_per_token(2), 23_040);
+        assert_eq!(smollm2.bytes_per_token(KvDtype::F32), 46_080);
+        assert_eq!(smollm2.bytes_per_block(16, KvDtype::F32), 737_280);
+        assert_eq!(smollm2.bytes_per_token(KvDtype::F16), 23_040);
         // DeepSeek-V2-Lite: 27 layers · (512 + 64), no separate V.
         let mla = KvShape::Latent {
             n_layers: 27,
@@ -95,7 +110,11 @@ mod tests {
             expanded_dim: 16 * (128 + 64 + 128),
         };
         assert_eq!(mla.elems_per_token(), 27 * 576);
-        assert_eq!(mla.bytes_per_token(2), 27 * 576 * 2);
+        assert_eq!(mla.bytes_per_token(KvDtype::BF16), 27 * 576 * 2);
+        // int8: a byte an element, plus scales (SmolLM2: 4 for each head's K, 1 for its V)
+        // or one per 64 latent values (9 groups).
+        assert_eq!(smollm2.bytes_per_token(KvDtype::I8), 30 * 3 * (128 + 5 * 4));
+        assert_eq!(mla.bytes_per_token(KvDtype::I8), 27 * (576 + 9 * 4));
         // Expanded: 5120 values per layer, 8.9 times the latent row.
         assert_eq!(mla.expanded_elems_per_token(), 27 * 5120);
         assert_eq!(

@@ -180,6 +180,7 @@ impl LlamaModel {
             LayerKvMut::F32(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
             LayerKvMut::F16(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
             LayerKvMut::BF16(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
+            LayerKvMut::I8(layer_kv) => self.rope_write_attend(chunks, layer_kv, ws),
         }
 
         let t = start(&ws.profile);

@@ -29,6 +29,10 @@ pub enum KvDtypeArg {
     F16,
     /// 2 bytes per element, bfloat16: as f16, with f32's range and three fewer mantissa bits.
     Bf16,
+    /// 1 byte per element plus an f32 scale per KV head's row of K or V (DeepSeek: per 64
+    /// latent values), symmetric int8: about half of f16's bytes, so nearly twice the tokens,
+    /// and half the bytes attention reads; costs accuracy (see BENCHMARKS.md).
+    Int8,
 }
 
 impl From<KvDtypeArg> for KvDtype {
@@ -37,6 +41,7 @@ impl From<KvDtypeArg> for KvDtype {
             KvDtypeArg::F32 => KvDtype::F32,
             KvDtypeArg::F16 => KvDtype::F16,
             KvDtypeArg::Bf16 => KvDtype::BF16,
+            KvDtypeArg::Int8 => KvDtype::I8,
         }
     }
 }
@@ -299,11 +304,13 @@ mod tests {
         assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::F16);
         let a = parse(&["--kv-cache-dtype", "bf16"]).unwrap();
         assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::BF16);
+        let a = parse(&["--kv-cache-dtype", "int8"]).unwrap();
+        assert_eq!(KvDtype::from(a.kv_cache_dtype), KvDtype::I8);
         let err = parse(&["--kv-cache-dtype", "fp8"]).err().unwrap();
         assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
         let msg = err.to_string();
         assert!(
-            msg.contains("fp8") && msg.contains("f32, f16, bf16"),
+            msg.contains("fp8") && msg.contains("f32, f16, bf16, int8"),
             "{msg}"
         );
     }
@@ -403,6 +410,8 @@ mod tests {
         // SmolLM2: 46080 bytes per token in f32; 64 MiB / (16 · 46080) = 91 blocks.
         assert_eq!(f32_blocks, 91);
         assert_eq!(f16_blocks, 2 * f32_blocks);
+        // int8: 30 layers · 3 heads · (2 · 64 + five 4-byte scales) = 13320 bytes per token.
+        assert_eq!(blocks("int8"), (64 << 20) / (16 * 13320));
         let config = scheduler_config("f16");
         let runner = ModelRunner::with_kv_dtype(model, &config, KvDtype::F16);
         assert_eq!(runner.kv_bytes_per_token(), 46080 / 2);

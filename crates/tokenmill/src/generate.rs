@@ -160,7 +160,7 @@ fn engine_config(
     dtype: KvDtype,
 ) -> EngineConfig {
     let len = prompt_len + max_tokens;
-    let block = model.kv_shape().bytes_per_block(BLOCK_SIZE, dtype.bytes());
+    let block = model.kv_shape().bytes_per_block(BLOCK_SIZE, dtype);
     EngineConfig {
         max_num_seqs: 1,
         max_num_batched_tokens: prompt_len.max(1),

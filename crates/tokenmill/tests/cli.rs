@@ -43,9 +43,9 @@ fn generate_continues_a_prompt_greedily_and_reports_speed() {
 }
 
 #[test]
-fn generate_with_f32_and_bf16_kv_caches_and_a_clear_error_for_unknown_dtypes() {
+fn generate_with_f32_bf16_and_int8_kv_caches_and_a_clear_error_for_unknown_dtypes() {
     // f16 is the default, which the other tests run.
-    for dtype in ["f32", "bf16"] {
+    for dtype in ["f32", "bf16", "int8"] {
         let out = tokenmill(&[
             "generate",
             "--prompt",
@@ -62,7 +62,7 @@ fn generate_with_f32_and_bf16_kv_caches_and_a_clear_error_for_unknown_dtypes() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("invalid value 'fp8'") && err.contains("f32, f16, bf16"),
+        err.contains("invalid value 'fp8'") && err.contains("f32, f16, bf16, int8"),
         "{err}"
     );
 }

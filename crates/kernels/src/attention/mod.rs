@@ -43,7 +43,7 @@ pub mod reference;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-pub use crate::kv_elem::{KvDtype, KvElem};
+pub use crate::kv_elem::{K_SCALE_GROUPS, KvDtype, KvElem, quantize_int8_row};
 pub use crate::simd::attn::{AccRows, DotRows, KEY_TILE};
 pub use half::f16;
 pub use paged::{KvLayout, PagedKv, PagedKvMut, RopeAt};
@@ -230,7 +230,7 @@ impl<S: AttnSeqs + ?Sized, T> Ctx<'_, S, T> {
 
 /// Causal attention of a batch, on the global pool and kernels. `q` holds token row `t` at
 /// `q[t * q_stride..][..n_heads * head_dim]` (rows in chunk order, `T = Σ n_q`), `out` is
-/// `[T, n_heads * head_dim]`. The cache's element type is f32, f16 or bf16 ([`KvElem`]).
+/// `[T, n_heads * head_dim]`. The cache's element type is f32, f16, bf16 or int8 ([`KvElem`]).
 ///
 /// Panics if a shape or length does not fit (the head dim must be a multiple of 4), or a block
 /// table does not cover its chunk.

@@ -14,14 +14,25 @@
 //! contiguous value rows of V: the attention kernels read it in place, with no gather and no
 //! transposition. Other block sizes (the tiny tests use 4) are gathered into a scratch tile.
 //!
-//! The store's element type is f32, f16 or bf16 ([`KvElem`]; the engine defaults to f16): values are rounded to it
-//! as they are written and widened back as the kernels load them.
+//! The store's element type is f32, f16, bf16 or i8 ([`KvElem`]; the engine defaults to f16): values are rounded to it
+//! as they are written and widened back as the kernels load them. An int8 store also holds
+//! one f32 scale per (token, KV head) row of K and of V ([`crate::kv_elem`]), in two arrays
+//! beside it:
+//!
+//! ```text
+//! K scales: [num_blocks, n_kv_heads, 4, block_size]   one per quarter of head_dim
+//! V scales: [num_blocks, n_kv_heads, block_size]      one per row
+//! ```
+//!
+//! so a tile's 16 scales of a quarter (or of V) are contiguous, like a row of K.
+//!
+//! (empty slices for the float types).
 //!
 //! Invariants: a tile never reads past its block (`slot0 + KEY_TILE <= block_size` in the
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
 //! kernels never let them reach a result.
 
-use crate::kv_elem::{KvElem, cast_buf};
+use crate::kv_elem::{K_SCALE_GROUPS, KvElem, absmax, cast_buf, int8_scale};
 use crate::ops::{RopeStyle, rotate};
 use crate::simd::attn::KEY_TILE;
 
@@ -56,6 +67,24 @@ impl KvLayout {
         ((block * self.n_kv_heads + head) * self.block_size + slot) * self.head_dim
     }
 
+    /// V scales of one block of an int8 store: `n_kv_heads * block_size` (K has
+    /// [`K_SCALE_GROUPS`] times as many).
+    pub fn block_scales(&self) -> usize {
+        self.n_kv_heads * self.block_size
+    }
+
+    /// Index in the K scales of quarter `g` of head `head` at `slot` of `block`.
+    #[inline]
+    fn k_scale_at(&self, block: usize, head: usize, g: usize, slot: usize) -> usize {
+        ((block * self.n_kv_heads + head) * K_SCALE_GROUPS + g) * self.block_size + slot
+    }
+
+    /// Index in the V scales of head `head` at `slot` of `block`.
+    #[inline]
+    fn v_scale_at(&self, block: usize, head: usize, slot: usize) -> usize {
+        (block * self.n_kv_heads + head) * self.block_size + slot
+    }
+
     /// (block, slot) of position `pos` under `block_table`.
     #[inline]
     fn locate(&self, block_table: &[u32], pos: usize) -> (usize, usize) {
@@ -72,6 +101,10 @@ impl KvLayout {
 pub struct PagedKv<'a, T = f32> {
     pub k: &'a [T],
     pub v: &'a [T],
+    /// The scales of an int8 store (K: `[num_blocks, n_kv_heads, 4, block_size]`, V:
+    /// `[num_blocks, n_kv_heads, block_size]`); empty for the float types.
+    pub k_scale: &'a [f32],
+    pub v_scale: &'a [f32],
     pub layout: KvLayout,
 }
 
@@ -80,7 +113,38 @@ pub struct PagedKv<'a, T = f32> {
 pub struct PagedKvMut<'a, T = f32> {
     pub k: &'a mut [T],
     pub v: &'a mut [T],
+    /// As [`PagedKv::k_scale`].
+    pub k_scale: &'a mut [f32],
+    pub v_scale: &'a mut [f32],
     pub layout: KvLayout,
+}
+
+impl<'a, T: KvElem> PagedKv<'a, T> {
+    /// A view of a float store (no scales).
+    pub fn new(k: &'a [T], v: &'a [T], layout: KvLayout) -> Self {
+        assert!(!T::SCALED, "an int8 store needs its scales");
+        PagedKv {
+            k,
+            v,
+            k_scale: &[],
+            v_scale: &[],
+            layout,
+        }
+    }
+}
+
+impl<'a, T: KvElem> PagedKvMut<'a, T> {
+    /// A write view of a float store (no scales).
+    pub fn new(k: &'a mut [T], v: &'a mut [T], layout: KvLayout) -> Self {
+        assert!(!T::SCALED, "an int8 store needs its scales");
+        PagedKvMut {
+            k,
+            v,
+            k_scale: &mut [],
+            v_scale: &mut [],
+            layout,
+        }
+    }
 }
 
 /// RoPE of one token for [`PagedKvMut::write`]: `cos_sin` as [`crate::ops::rope_cos_sin`]
@@ -97,24 +161,41 @@ impl<T: KvElem> PagedKv<'_, T> {
         self.k.len() / self.layout.block_len().max(1)
     }
 
-    /// K of head `head` at position `pos`, into `out` (`head_dim`); for tests and debugging.
+    /// K of head `head` at position `pos` as f32 (an int8 row times its scale), into `out`
+    /// (`head_dim`); for tests and references.
     pub fn read_k(&self, block_table: &[u32], pos: usize, head: usize, out: &mut [f32]) {
-        let (block, slot) = self.layout.locate(block_table, pos);
+        let lay = &self.layout;
+        let (block, slot) = lay.locate(block_table, pos);
+        let quarter = lay.head_dim / K_SCALE_GROUPS;
         for (d, o) in out.iter_mut().enumerate() {
-            *o = self.k[self.layout.k_at(block, head, d, slot)].to_f32();
+            let q = self.k[lay.k_at(block, head, d, slot)].to_f32();
+            *o = if T::SCALED {
+                q * self.k_scale[lay.k_scale_at(block, head, d / quarter, slot)]
+            } else {
+                q
+            };
         }
     }
 
-    /// V of head `head` at position `pos` (`head_dim` values); for tests and references.
-    pub fn read_v(&self, block_table: &[u32], pos: usize, head: usize) -> &[T] {
+    /// V of head `head` at position `pos` as f32 (an int8 row times its scale), into `out`
+    /// (`head_dim`); for tests and references.
+    pub fn read_v(&self, block_table: &[u32], pos: usize, head: usize, out: &mut [f32]) {
         let (block, slot) = self.layout.locate(block_table, pos);
+        let scale = if T::SCALED {
+            self.v_scale[self.layout.v_scale_at(block, head, slot)]
+        } else {
+            1.0
+        };
         let at = self.layout.v_at(block, head, slot);
-        &self.v[at..at + self.layout.head_dim]
+        for (o, e) in out.iter_mut().zip(&self.v[at..at + self.layout.head_dim]) {
+            *o = e.to_f32() * scale;
+        }
     }
 
     /// Where the kernels read keys `tile * KEY_TILE ..` (the first `n_valid` of them) of head
-    /// `head`: in place when blocks hold whole tiles, else gathered into `buf` (room for
-    /// `2 * KEY_TILE * head_dim` elements of `T`, borrowed by the returned pointers).
+    /// `head`: in place when blocks hold whole tiles, else gathered into `buf` (`2 * KEY_TILE
+    /// * head_dim` floats, borrowed by the returned pointers; an int8 tile's scales go in its
+    /// last `5 * KEY_TILE`).
     ///
     /// The caller has checked that the block table covers the tile's valid keys and that
     /// every block id is in the store.
@@ -140,15 +221,34 @@ impl<T: KvElem> PagedKv<'_, T> {
                 k0 + (hd - 1) * lay.block_size + KEY_TILE <= self.k.len()
                     && v0 + KEY_TILE * hd <= self.v.len()
             );
+            let (k_scale, v_scale) = if T::SCALED {
+                // Quarter `g`'s 16 key scales at `k_scale + g * kt_stride`, as K's rows.
+                let ks0 = lay.k_scale_at(block, head, 0, slot0);
+                let vs0 = lay.v_scale_at(block, head, slot0);
+                let ks = &self.k_scale[ks0..][..(K_SCALE_GROUPS - 1) * lay.block_size + KEY_TILE];
+                (ks.as_ptr(), self.v_scale[vs0..][..KEY_TILE].as_ptr())
+            } else {
+                (std::ptr::null(), std::ptr::null())
+            };
             return TileSrc {
                 kt: self.k[k0..].as_ptr(),
                 kt_stride: lay.block_size,
                 v: self.v[v0..].as_ptr(),
                 v_stride: hd,
+                k_scale,
+                v_scale,
             };
         }
-        let (kt, v) = cast_buf::<T>(buf)[..2 * KEY_TILE * hd].split_at_mut(KEY_TILE * hd);
+        let n_scales = if T::SCALED {
+            (K_SCALE_GROUPS + 1) * KEY_TILE
+        } else {
+            0
+        };
+        let (data, scales) = buf.split_at_mut(buf.len() - n_scales);
+        let (kt, v) = cast_buf::<T>(data)[..2 * KEY_TILE * hd].split_at_mut(KEY_TILE * hd);
+        let (ks, vs) = scales.split_at_mut(n_scales.saturating_sub(KEY_TILE));
         kt.fill(T::default());
+        ks.fill(0.0);
         for j in 0..n_valid {
             let (block, slot) = lay.locate(block_table, pos0 + j);
             for d in 0..hd {
@@ -156,12 +256,20 @@ impl<T: KvElem> PagedKv<'_, T> {
             }
             let at = lay.v_at(block, head, slot);
             v[j * hd..(j + 1) * hd].copy_from_slice(&self.v[at..at + hd]);
+            if T::SCALED {
+                for g in 0..K_SCALE_GROUPS {
+                    ks[g * KEY_TILE + j] = self.k_scale[lay.k_scale_at(block, head, g, slot)];
+                }
+                vs[j] = self.v_scale[lay.v_scale_at(block, head, slot)];
+            }
         }
         TileSrc {
             kt: kt.as_ptr(),
             kt_stride: KEY_TILE,
             v: v.as_ptr(),
             v_stride: hd,
+            k_scale: ks.as_ptr(),
+            v_scale: vs.as_ptr(),
         }
     }
 }
@@ -200,6 +308,17 @@ impl<T: KvElem> PagedKv<'_, T> {
         for off in (0..KEY_TILE * hd).step_by(64 / std::mem::size_of::<T>()) {
             prefetch(self.v[v0 + off..].as_ptr());
         }
+        if T::SCALED {
+            let ks0 = lay.k_scale_at(block, head, 0, slot0);
+            let vs0 = lay.v_scale_at(block, head, slot0);
+            let ks_end = ks0 + (K_SCALE_GROUPS - 1) * lay.block_size;
+            if ks_end < self.k_scale.len() && vs0 < self.v_scale.len() {
+                for g in 0..K_SCALE_GROUPS {
+                    prefetch(self.k_scale[ks0 + g * lay.block_size..].as_ptr());
+                }
+                prefetch(self.v_scale[vs0..].as_ptr());
+            }
+        }
     }
 }
 
@@ -223,6 +342,10 @@ pub(crate) struct TileSrc<T> {
     pub kt_stride: usize,
     pub v: *const T,
     pub v_stride: usize,
+    /// The tile's key scales (quarter `g`'s `KEY_TILE` at `k_scale + g * kt_stride`) and
+    /// value scales (int8; null for the float types).
+    pub k_scale: *const f32,
+    pub v_scale: *const f32,
 }
 
 impl<T: KvElem> PagedKvMut<'_, T> {
@@ -231,6 +354,8 @@ impl<T: KvElem> PagedKvMut<'_, T> {
         PagedKv {
             k: self.k,
             v: self.v,
+            k_scale: self.k_scale,
+            v_scale: self.v_scale,
             layout: self.layout,
         }
     }
@@ -239,7 +364,10 @@ impl<T: KvElem> PagedKvMut<'_, T> {
     /// position `pos` of the sequence whose blocks are `block_table`, rotating K by `rope` on
     /// the way (RoFormer, <https://arxiv.org/abs/2104.09864>): one pass over K, and the same
     /// arithmetic as [`crate::ops::rope`] ([`rotate`]). Each stored value is rounded to `T`
-    /// (f16: to nearest, ties to even) after the rotation.
+    /// (f16: to nearest, ties to even) after the rotation; an int8 value row is first scaled
+    /// by [`int8_scale`] of its largest magnitude, an int8 key each quarter of it by its own
+    /// (after the rotation: the key is rotated once to find them and once to store it), and
+    /// the scales stored.
     ///
     /// A value row is converted in one run ([`KvElem::from_f32_slice`]); a key goes through
     /// [`WRITE_RUN`]-element pieces, each rotated and converted in a stack buffer, then
@@ -261,59 +389,123 @@ impl<T: KvElem> PagedKvMut<'_, T> {
         assert!((block + 1) * lay.block_len() <= self.k.len().min(self.v.len()));
         let rot = rope.map_or(0, |r| r.cos_sin.len());
         assert!(rot <= hd && rot.is_multiple_of(2));
+        let quarter = hd / K_SCALE_GROUPS;
         for h in 0..lay.n_kv_heads {
             let at = lay.v_at(block, h, slot);
-            T::from_f32_slice(&v[h * hd..(h + 1) * hd], &mut self.v[at..at + hd]);
-            let kh = &k[h * hd..(h + 1) * hd];
+            let (vh, kh) = (&v[h * hd..(h + 1) * hd], &k[h * hd..(h + 1) * hd]);
+            let mut k_inv = [1.0; K_SCALE_GROUPS];
+            if T::SCALED {
+                let v_inv;
+                let si = lay.v_scale_at(block, h, slot);
+                (self.v_scale[si], v_inv) = int8_scale(vh.iter().fold(0.0, |m, &x| absmax(m, x)));
+                for (d0, run) in (0..hd).step_by(WRITE_RUN).zip(vh.chunks(WRITE_RUN)) {
+                    store_strided(&mut self.v[at + d0..], 1, run, d0, hd, &[v_inv]);
+                }
+                // The key's quarters' largest magnitudes, from a first rotation.
+                let mut m = [0f32; K_SCALE_GROUPS];
+                rotated_runs(kh, rope, |d0, run| {
+                    by_group(d0, run.len(), quarter, |g, r| {
+                        m[g] = run[r].iter().fold(m[g], |m, &x| absmax(m, x));
+                    });
+                });
+                for (g, &m) in m.iter().enumerate() {
+                    let si = lay.k_scale_at(block, h, g, slot);
+                    (self.k_scale[si], k_inv[g]) = int8_scale(m);
+                }
+            } else {
+                T::from_f32_slice(vh, &mut self.v[at..at + hd]);
+            }
             // Element `d` of this head's key lives at `col[d * bs]`.
             let k0 = lay.k_at(block, h, 0, slot);
             let col = &mut self.k[k0..k0 + (hd - 1) * bs + 1];
-            let mut store = |d0: usize, x: &[f32]| store_strided(&mut col[d0 * bs..], bs, x);
-            if let Some(r) = rope {
-                let (mut lo, mut hi) = ([0f32; WRITE_RUN], [0f32; WRITE_RUN]);
-                match r.style {
-                    RopeStyle::Interleaved => {
-                        for d0 in (0..rot).step_by(WRITE_RUN) {
-                            let n = WRITE_RUN.min(rot - d0);
-                            let pairs = kh[d0..d0 + n].chunks_exact(2);
-                            let cs = r.cos_sin[d0..d0 + n].chunks_exact(2);
-                            for (o, (x, cs)) in lo[..n].chunks_exact_mut(2).zip(pairs.zip(cs)) {
-                                (o[0], o[1]) = rotate(x[0], x[1], cs[0], cs[1]);
-                            }
-                            store(d0, &lo[..n]);
-                        }
+            rotated_runs(kh, rope, |d0, run| {
+                store_strided(&mut col[d0 * bs..], bs, run, d0, quarter, &k_inv)
+            });
+        }
+    }
+}
+
+/// Calls `f(d0, run)` over the key `kh` rotated by `rope` ([`rotate`], as
+/// [`crate::ops::rope`]): runs of at most [`WRITE_RUN`] consecutive elements from `d0`,
+/// rotated in a stack buffer (NeoX: a run of the low half, then its partners in the high
+/// half), then the elements past the rotary dims as they are.
+#[inline]
+fn rotated_runs(kh: &[f32], rope: Option<RopeAt<'_>>, mut f: impl FnMut(usize, &[f32])) {
+    let rot = rope.map_or(0, |r| r.cos_sin.len());
+    if let Some(r) = rope {
+        let (mut lo, mut hi) = ([0f32; WRITE_RUN], [0f32; WRITE_RUN]);
+        match r.style {
+            RopeStyle::Interleaved => {
+                for d0 in (0..rot).step_by(WRITE_RUN) {
+                    let n = WRITE_RUN.min(rot - d0);
+                    let pairs = kh[d0..d0 + n].chunks_exact(2);
+                    let cs = r.cos_sin[d0..d0 + n].chunks_exact(2);
+                    for (o, (x, cs)) in lo[..n].chunks_exact_mut(2).zip(pairs.zip(cs)) {
+                        (o[0], o[1]) = rotate(x[0], x[1], cs[0], cs[1]);
                     }
-                    RopeStyle::NeoX => {
-                        let half = rot / 2;
-                        for i0 in (0..half).step_by(WRITE_RUN) {
-                            let n = WRITE_RUN.min(half - i0);
-                            let cs = r.cos_sin[2 * i0..2 * (i0 + n)].chunks_exact(2);
-                            let (x0, x1) = (&kh[i0..i0 + n], &kh[half + i0..half + i0 + n]);
-                            for (j, cs) in cs.enumerate() {
-                                (lo[j], hi[j]) = rotate(x0[j], x1[j], cs[0], cs[1]);
-                            }
-                            store(i0, &lo[..n]);
-                            store(half + i0, &hi[..n]);
-                        }
-                    }
+                    f(d0, &lo[..n]);
                 }
             }
-            for d0 in (rot..hd).step_by(WRITE_RUN) {
-                store(d0, &kh[d0..hd.min(d0 + WRITE_RUN)]);
+            RopeStyle::NeoX => {
+                let half = rot / 2;
+                for i0 in (0..half).step_by(WRITE_RUN) {
+                    let n = WRITE_RUN.min(half - i0);
+                    let cs = r.cos_sin[2 * i0..2 * (i0 + n)].chunks_exact(2);
+                    let (x0, x1) = (&kh[i0..i0 + n], &kh[half + i0..half + i0 + n]);
+                    for (j, cs) in cs.enumerate() {
+                        (lo[j], hi[j]) = rotate(x0[j], x1[j], cs[0], cs[1]);
+                    }
+                    f(i0, &lo[..n]);
+                    f(half + i0, &hi[..n]);
+                }
             }
         }
+    }
+    for d0 in (rot..kh.len()).step_by(WRITE_RUN) {
+        f(d0, &kh[d0..kh.len().min(d0 + WRITE_RUN)]);
+    }
+}
+
+/// Splits elements `d0..d0 + n` of a row into pieces that each lie in one group of `group`
+/// elements: `f(g, i..end)` with indices relative to `d0`.
+#[inline]
+fn by_group(d0: usize, n: usize, group: usize, mut f: impl FnMut(usize, std::ops::Range<usize>)) {
+    let mut i = 0;
+    while i < n {
+        let g = (d0 + i) / group;
+        let end = ((g + 1) * group - d0).min(n);
+        f(g, i..end);
+        i = end;
     }
 }
 
 /// Elements of a key converted at once by [`PagedKvMut::write`] (a stack buffer's length).
 const WRITE_RUN: usize = 32;
 
-/// `dst[i * stride] = T::from_f32(x[i])` for `x` of at most [`WRITE_RUN`] values.
+/// `dst[i * stride] = T::from_f32(x[i])` for `x` of at most [`WRITE_RUN`] values, elements
+/// `d0..` of a row (an int8 store's `T::from_f32(x[i] * inv[(d0 + i) / group])`).
 #[inline]
-fn store_strided<T: KvElem>(dst: &mut [T], stride: usize, x: &[f32]) {
+fn store_strided<T: KvElem>(
+    dst: &mut [T],
+    stride: usize,
+    x: &[f32],
+    d0: usize,
+    group: usize,
+    inv: &[f32],
+) {
     let mut c = [T::default(); WRITE_RUN];
     let c = &mut c[..x.len()];
-    T::from_f32_slice(x, c);
+    if T::SCALED {
+        let mut scaled = [0f32; WRITE_RUN];
+        by_group(d0, x.len(), group, |g, r| {
+            for (s, &x) in scaled[r.clone()].iter_mut().zip(&x[r]) {
+                *s = x * inv[g];
+            }
+        });
+        T::from_f32_slice(&scaled[..x.len()], c);
+    } else {
+        T::from_f32_slice(x, c);
+    }
     for (d, &e) in dst.iter_mut().step_by(stride).zip(c.iter()) {
         *d = e;
     }
@@ -339,11 +531,7 @@ mod tests {
             vec![0f32; 3 * lay.block_len()],
             vec![0f32; 3 * lay.block_len()],
         );
-        let mut kv = PagedKvMut {
-            k: &mut k,
-            v: &mut v,
-            layout: lay,
-        };
+        let mut kv = PagedKvMut::new(&mut k, &mut v, lay);
         let table = [2u32, 0, 1];
         let inv_freq = [1.0, 0.1];
         for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
@@ -395,17 +583,9 @@ mod tests {
                     cos_sin: &cs,
                     style,
                 });
-                let mut w32 = PagedKvMut {
-                    k: &mut k32,
-                    v: &mut v32,
-                    layout: lay,
-                };
+                let mut w32 = PagedKvMut::new(&mut k32, &mut v32, lay);
                 w32.write(&table, pos, &kt, &vt, r);
-                let mut w16 = PagedKvMut {
-                    k: &mut k16,
-                    v: &mut v16,
-                    layout: lay,
-                };
+                let mut w16 = PagedKvMut::new(&mut k16, &mut v16, lay);
                 w16.write(&table, pos, &kt, &vt, r);
             }
             for (a, b) in k32.iter().zip(&k16).chain(v32.iter().zip(&v16)) {
@@ -434,11 +614,7 @@ mod tests {
                 let vt: Vec<f32> = (0..208).map(|i| 3.0 / (i as f32 - 99.5)).collect();
                 let mut cs = vec![0f32; 88];
                 rope_cos_sin(pos, &inv_freq, 1.0, &mut cs);
-                let mut kv = PagedKvMut {
-                    k: &mut k,
-                    v: &mut v,
-                    layout: lay,
-                };
+                let mut kv = PagedKvMut::new(&mut k, &mut v, lay);
                 kv.write(
                     &table,
                     pos,
@@ -462,6 +638,82 @@ mod tests {
                     for d in 0..104 {
                         let exp = T::from_f32(vt[h * 104 + d]).to_f32();
                         assert_eq!(v[at + d].to_f32().to_bits(), exp.to_bits());
+                    }
+                }
+            }
+        }
+    }
+
+    /// An int8 store: each head's rotated key and its value are [`quantize_int8_row`]'s
+    /// quants and scale of the reference row, the key's at its transposed place.
+    #[test]
+    #[cfg_attr(
+        miri,
+        ignore = "Miri perturbs every sin/cos call, so two computations of one rotation differ"
+    )]
+    fn int8_rows_are_the_rotated_reference_rows_quantized() {
+        use crate::kv_elem::quantize_int8_row;
+        let lay = KvLayout {
+            block_size: 3,
+            n_kv_heads: 2,
+            head_dim: 40,
+        };
+        let n = 2 * lay.block_len();
+        let (mut k, mut v) = (vec![0i8; n], vec![0i8; n]);
+        let ns = 2 * lay.block_scales();
+        let (mut ks, mut vs) = (vec![0f32; K_SCALE_GROUPS * ns], vec![0f32; ns]);
+        let table = [1u32, 0];
+        let inv_freq: Vec<f32> = (0..16).map(|i| 0.8f32.powi(i)).collect();
+        for style in [RopeStyle::Interleaved, RopeStyle::NeoX] {
+            for pos in [0, 2, 5] {
+                // Head 1 is 1000 times smaller: each row has its own scale.
+                let mag = |i: usize| if i < 40 { 3.0 } else { 3e-3 };
+                let kt: Vec<f32> = (0..80)
+                    .map(|i| mag(i) * ((i * 13 % 17) as f32 - 8.3))
+                    .collect();
+                let vt: Vec<f32> = (0..80).map(|i| mag(i) / (i as f32 - 39.5)).collect();
+                let mut cs = vec![0f32; 32];
+                rope_cos_sin(pos, &inv_freq, 1.0, &mut cs);
+                let mut kv = PagedKvMut {
+                    k: &mut k,
+                    v: &mut v,
+                    k_scale: &mut ks,
+                    v_scale: &mut vs,
+                    layout: lay,
+                };
+                let r = RopeAt {
+                    cos_sin: &cs,
+                    style,
+                };
+                kv.write(&table, pos, &kt, &vt, Some(r));
+                let mut want = kt.clone();
+                rope(&mut want, 40, pos, &inv_freq, style);
+                let (block, slot) = lay.locate(&table, pos);
+                let rv = kv.as_ref();
+                let mut q = [0i8; 40];
+                for h in 0..2 {
+                    // Each quarter of the key (10 values) is its own int8 row.
+                    for g in 0..4 {
+                        let si = lay.k_scale_at(block, h, g, slot);
+                        let d0 = h * 40 + g * 10;
+                        let scale = quantize_int8_row(&want[d0..d0 + 10], &mut q[..10]);
+                        assert_eq!(rv.k_scale[si], scale, "{style:?} {pos} {h} {g}");
+                        for (d, &q) in q[..10].iter().enumerate() {
+                            let got = rv.k[lay.k_at(block, h, g * 10 + d, slot)];
+                            assert_eq!(got, q, "{style:?} {pos} {h} {g} {d}");
+                        }
+                    }
+                    let si = lay.v_scale_at(block, h, slot);
+                    let scale = quantize_int8_row(&vt[h * 40..(h + 1) * 40], &mut q);
+                    assert_eq!(rv.v_scale[si], scale);
+                    let at = lay.v_at(block, h, slot);
+                    assert_eq!(rv.v[at..at + 40], q);
+                    // Read back, dequantized.
+                    let mut got = [0f32; 40];
+                    rv.read_k(&table, pos, h, &mut got);
+                    for (d, (g, w)) in got.iter().zip(&want[h * 40..]).enumerate() {
+                        let s = rv.k_scale[lay.k_scale_at(block, h, d / 10, slot)];
+                        assert!((g - w).abs() <= 0.5 * s * 1.001, "{g} {w}");
                     }
                 }
             }

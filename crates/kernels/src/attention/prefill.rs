@@ -91,6 +91,8 @@ pub(super) fn task<S: AttnSeqs + ?Sized, T: KvElem>(
                 kt_stride: src.kt_stride,
                 v: src.v,
                 v_stride: src.v_stride,
+                k_scale: src.k_scale,
+                v_scale: src.v_scale,
                 n_valid: n_valid[r0..].as_ptr(),
                 m: m[r0..].as_mut_ptr(),
                 l: l[r0..].as_mut_ptr(),

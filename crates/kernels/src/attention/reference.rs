@@ -1,6 +1,6 @@
 //! The plain reference of [`super::attention`]: scores materialised, an exact softmax in
 //! f64, one query row and head at a time, keys and values widened from the store's element
-//! type. For differential tests; slow and allocating.
+//! type (an int8 row times its scale). For differential tests; slow and allocating.
 
 use super::{AttnSeq, AttnShape, KvElem, PagedKv};
 
@@ -14,7 +14,7 @@ pub fn attention_ref<T: KvElem>(
 ) -> Vec<f32> {
     let (hd, grp) = (shape.head_dim, shape.group());
     let mut out = Vec::new();
-    let mut k = vec![0f32; hd];
+    let (mut k, mut v) = (vec![0f32; hd], vec![0f32; hd]);
     let mut row = 0;
     for s in seqs {
         for t in 0..s.n_q {
@@ -33,8 +33,9 @@ pub fn attention_ref<T: KvElem>(
                 let sum: f64 = w.iter().sum();
                 let mut acc = vec![0f64; hd];
                 for (p, w) in w.iter().enumerate() {
-                    for (a, &v) in acc.iter_mut().zip(kv.read_v(s.block_table, p, h / grp)) {
-                        *a += w / sum * v.to_f32() as f64;
+                    kv.read_v(s.block_table, p, h / grp, &mut v);
+                    for (a, &v) in acc.iter_mut().zip(&v) {
+                        *a += w / sum * v as f64;
                     }
                 }
                 out.extend(acc.iter().map(|&a| a as f32));

@@ -20,6 +20,9 @@
 //!   flushed to 0 below `2^-64` ([`EXP2_FLUSH`]: no denormals);
 //! * `acc` is scaled by `corr` unless `corr == 1`, then `acc += p_j · v_j` for
 //!   `j = 0..n_valid` in order;
+//! * over an int8 store ([`KvElem::SCALED`]) each chain is multiplied by its key's scale
+//!   of that quarter before the sum, `(c0·s0 + c1·s1) + (c2·s2 + c3·s3)`, and `p_j` in the
+//!   value update is `p_j · vscale_j` (`l` sums the unscaled `p`);
 //! * merge: `M = max(m1, m2)`, `a = 2^(m1 - M)`, `b = 2^(m2 - M)`, `L = l1·a + l2·b`,
 //!   `acc = acc1·a + acc2·b` (one fused multiply-add in the SIMD tiers).
 //!
@@ -33,8 +36,8 @@ use crate::kv_elem::KvElem;
 pub const KEY_TILE: usize = 16;
 
 /// One attention tile step (see the module docs). Raw pointers, as [`super::Tile`]. Keys and
-/// values are elements of `E` (f32, f16 or bf16, [`crate::kv_elem::KvElem`]), widened to f32
-/// exactly as they are loaded; everything else is f32.
+/// values are elements of `E` (f32, f16, bf16 or i8, [`crate::kv_elem::KvElem`]), widened to
+/// f32 exactly as they are loaded; everything else is f32.
 #[derive(Clone, Copy, Debug)]
 pub struct AttnTile<E = f32> {
     pub head_dim: usize,
@@ -50,6 +53,11 @@ pub struct AttnTile<E = f32> {
     /// `n_valid`.
     pub v: *const E,
     pub v_stride: usize,
+    /// The scales of keys and values `0..KEY_TILE` (all readable) when `E::SCALED` (int8):
+    /// quarter `c` of `head_dim` of key `j` at `k_scale[c * kt_stride + j]`, value `j` at
+    /// `v_scale[j]`; unused (may be null) otherwise.
+    pub k_scale: *const f32,
+    pub v_scale: *const f32,
     /// Keys of the tile visible to each row, `[n_rows]`, each in `1..=KEY_TILE`.
     pub n_valid: *const u32,
     /// Running state per row: max `m` and sum `l` `[n_rows]`, accumulator `[n_rows, head_dim]`.
@@ -225,6 +233,12 @@ pub unsafe fn attn_tile<E: KvElem>(t: &AttnTile<E>) {
                         *c += q[4 * i + ci] * (*t.kt.add(d * t.kt_stride + j)).to_f32();
                     }
                 }
+                if E::SCALED {
+                    let ks = |ci: usize| *t.k_scale.add(ci * t.kt_stride + j);
+                    for (ci, c) in c.iter_mut().enumerate() {
+                        *c *= ks(ci);
+                    }
+                }
                 *s = (c[0] + c[1]) + (c[2] + c[3]);
             }
             let tmax = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -247,6 +261,11 @@ pub unsafe fn attn_tile<E: KvElem>(t: &AttnTile<E>) {
                 }
             }
             for (j, &pj) in p.iter().enumerate().take(n_valid) {
+                let pj = if E::SCALED {
+                    pj * *t.v_scale.add(j)
+                } else {
+                    pj
+                };
                 let v = std::slice::from_raw_parts(t.v.add(j * t.v_stride), hd);
                 for (a, &vd) in acc.iter_mut().zip(v) {
                     *a += pj * vd.to_f32();

@@ -123,6 +123,8 @@ pub struct TierFns {
     pub attn_tile_f16: attn::AttnTileFn<half::f16>,
     /// The same over a bf16 K/V store.
     pub attn_tile_bf16: attn::AttnTileFn<half::bf16>,
+    /// The same over an int8 K/V store (with its row scales).
+    pub attn_tile_i8: attn::AttnTileFn<i8>,
     /// Merge of two partial attention states, same head dims.
     pub attn_merge: attn::AttnMergeFn,
     /// The f32 lanes of the attention kernels (1 for the scalar tier: any head dim).
@@ -150,18 +152,20 @@ pub struct AmxFns {
 }
 
 impl TierFns {
-    /// The attention tile kernel over a K/V store of `E` (`attn_tile`, `attn_tile_f16` or
-    /// `attn_tile_bf16`).
+    /// The attention tile kernel over a K/V store of `E` (`attn_tile`, `attn_tile_f16`,
+    /// `attn_tile_bf16` or `attn_tile_i8`).
     pub fn attn_tile_for<E: crate::kv_elem::KvElem>(&self) -> attn::AttnTileFn<E> {
         use std::any::Any;
-        // `KvElem` is sealed to f32, f16 and bf16, so one of the downcasts succeeds.
+        // `KvElem` is sealed to f32, f16, bf16 and i8, so one of the downcasts succeeds.
         let f32_tile: &dyn Any = &self.attn_tile;
         let f16_tile: &dyn Any = &self.attn_tile_f16;
         let bf16_tile: &dyn Any = &self.attn_tile_bf16;
+        let i8_tile: &dyn Any = &self.attn_tile_i8;
         *f32_tile
             .downcast_ref::<attn::AttnTileFn<E>>()
             .or_else(|| f16_tile.downcast_ref::<attn::AttnTileFn<E>>())
             .or_else(|| bf16_tile.downcast_ref::<attn::AttnTileFn<E>>())
-            .expect("KvElem is implemented for f32, f16 and bf16 only")
+            .or_else(|| i8_tile.downcast_ref::<attn::AttnTileFn<E>>())
+            .expect("KvElem is implemented for f32, f16, bf16 and i8 only")
     }
 }

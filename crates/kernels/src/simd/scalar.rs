@@ -300,6 +300,7 @@ pub fn fns() -> TierFns {
         attn_tile: super::attn::attn_tile::<f32>,
         attn_tile_f16: super::attn::attn_tile::<half::f16>,
         attn_tile_bf16: super::attn::attn_tile::<half::bf16>,
+        attn_tile_i8: super::attn::attn_tile::<i8>,
         attn_merge: super::attn::attn_merge,
         attn_lanes: 1,
         silu_mul: super::attn::silu_mul,

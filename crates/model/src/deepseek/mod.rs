@@ -56,7 +56,7 @@ use tokenmill_kernels::ops::{RopeStyle, add_in_place, add_rms_norm, rms_norm, ro
 
 pub use config::{DeepSeekConfig, Routing};
 pub use gguf::ARCH as GGUF_ARCH;
-pub use latent_kv::LatentKvCache;
+pub use latent_kv::{LATENT_INT8_GROUP, LatentKvCache, row_bytes as latent_row_bytes};
 pub use moe::{RouteScratch, route};
 pub(crate) use workspace::DeepSeekBuffers;
 

@@ -32,6 +32,7 @@ use std::arch::x86_64::*;
 
 use half::{bf16, f16};
 
+use crate::kv_elem::KvElem;
 use crate::simd::attn::{AccRows, AttnTile, DotRows, EXP2_FLUSH, KEY_TILE, exp2 as scalar_exp2};
 
 /// An f32 SIMD vector, as much of it as the attention kernels need.
@@ -205,6 +206,18 @@ impl LoadKv<bf16> for F32x8 {
     }
 }
 
+impl LoadKv<i8> for F32x8 {
+    /// Eight int8 quants sign-extended and converted (AVX2 `vpmovsxbd` + `vcvtdq2ps`; exact).
+    #[inline(always)]
+    unsafe fn load_kv(p: *const i8) -> Self {
+        unsafe {
+            F32x8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                p.cast(),
+            ))))
+        }
+    }
+}
+
 impl LoadKv<f32> for F32x16 {
     #[inline(always)]
     unsafe fn load_kv(p: *const f32) -> Self {
@@ -227,6 +240,18 @@ impl LoadKv<bf16> for F32x16 {
         unsafe {
             let wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
             F32x16(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(wide)))
+        }
+    }
+}
+
+impl LoadKv<i8> for F32x16 {
+    /// Sixteen int8 quants, as on AVX2, in one register (AVX-512 F).
+    #[inline(always)]
+    unsafe fn load_kv(p: *const i8) -> Self {
+        unsafe {
+            F32x16(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                p.cast(),
+            ))))
         }
     }
 }
@@ -355,7 +380,7 @@ macro_rules! by_rows {
 ///
 /// As [`crate::simd::attn::AttnTileFn`]; `head_dim` a multiple of `S::N`.
 #[inline(always)]
-pub unsafe fn tile<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTile<E>) {
+pub unsafe fn tile<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(t: &AttnTile<E>) {
     debug_assert_eq!(KV * S::N, KEY_TILE);
     debug_assert_eq!(t.head_dim % S::N, 0);
     debug_assert!((1..=4).contains(&R));
@@ -389,7 +414,7 @@ pub unsafe fn tile<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTil
 
 /// A step whose rows are one block of `R`: scores, softmax, values.
 #[inline(always)]
-unsafe fn one_block<S: LoadKv<E>, E, const KV: usize, const R: usize>(t: &AttnTile<E>) {
+unsafe fn one_block<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(t: &AttnTile<E>) {
     unsafe {
         let mut st = Block::<S, KV>::new();
         scores::<S, E, KV, R>(t, 0, &mut st.s);
@@ -449,7 +474,7 @@ impl<S: F32s, const KV: usize> Block<S, KV> {
 /// `(c0 + c1) + (c2 + c3)`, lanes past the row's `n_valid` masked to `-inf`.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn scores<S: LoadKv<E>, E, const KV: usize, const R: usize>(
+unsafe fn scores<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(
     t: &AttnTile<E>,
     r0: usize,
     out: &mut [[S; KV]; 4],
@@ -478,8 +503,13 @@ unsafe fn scores<S: LoadKv<E>, E, const KV: usize, const R: usize>(
             let nv = *t.n_valid.add(r0 + rr) as usize;
             let cc = &c[rr];
             for k in 0..KV {
-                out[rr][k] = S::add(S::add(cc[0][k], cc[1][k]), S::add(cc[2][k], cc[3][k]))
-                    .mask_from(k * S::N, nv);
+                let mut c = [cc[0][k], cc[1][k], cc[2][k], cc[3][k]];
+                if E::SCALED {
+                    for (ch, c) in c.iter_mut().enumerate() {
+                        *c = S::mul(*c, S::load(t.k_scale.add(ch * t.kt_stride + k * S::N)));
+                    }
+                }
+                out[rr][k] = S::add(S::add(c[0], c[1]), S::add(c[2], c[3])).mask_from(k * S::N, nv);
             }
         }
     }
@@ -488,7 +518,7 @@ unsafe fn scores<S: LoadKv<E>, E, const KV: usize, const R: usize>(
 /// Online softmax of rows `r0..r0 + R` from their scores in `st.s`: updates `m` and `l`,
 /// leaves each row's probabilities, correction of `acc` and key count in `st`.
 #[inline(always)]
-unsafe fn softmax<S: F32s, E, const KV: usize, const R: usize>(
+unsafe fn softmax<S: F32s, E: KvElem, const KV: usize, const R: usize>(
     t: &AttnTile<E>,
     r0: usize,
     st: &mut Block<S, KV>,
@@ -509,7 +539,13 @@ unsafe fn softmax<S: F32s, E, const KV: usize, const R: usize>(
             let mut sum = S::zero();
             for (k, s) in s.iter().enumerate() {
                 let pk = S::sub(*s, mn).exp2();
-                pk.store(st.p[rr].as_mut_ptr().add(k * S::N));
+                // The value update's weight: times the value's scale over an int8 store.
+                let pv = if E::SCALED {
+                    S::mul(pk, S::load(t.v_scale.add(k * S::N)))
+                } else {
+                    pk
+                };
+                pv.store(st.p[rr].as_mut_ptr().add(k * S::N));
                 sum = if k == 0 { pk } else { S::add(sum, pk) };
             }
             *t.l.add(row) = *t.l.add(row) * st.corr[rr] + sum.hsum();
@@ -520,7 +556,7 @@ unsafe fn softmax<S: F32s, E, const KV: usize, const R: usize>(
 
 /// Values of rows `r0..r0 + R`, in blocks of four vectors of head_dim.
 #[inline(always)]
-unsafe fn values<S: LoadKv<E>, E, const KV: usize, const R: usize>(
+unsafe fn values<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(
     t: &AttnTile<E>,
     r0: usize,
     st: &Block<S, KV>,
@@ -544,7 +580,7 @@ unsafe fn values<S: LoadKv<E>, E, const KV: usize, const R: usize>(
 // Index loops over the register arrays: fully unrolled, and no closures (module docs).
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn pv_block<S: LoadKv<E>, E, const R: usize, const DB: usize>(
+unsafe fn pv_block<S: LoadKv<E>, E: KvElem, const R: usize, const DB: usize>(
     t: &AttnTile<E>,
     r0: usize,
     b: usize,

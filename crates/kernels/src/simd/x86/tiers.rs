@@ -161,6 +161,14 @@ macro_rules! tier {
 
             /// # Safety
             ///
+            /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn attn_tile_i8(t: &AttnTile<i8>) {
+                unsafe { attn::tile::<$f32s, i8, $kv, $rows>(t) }
+            }
+
+            /// # Safety
+            ///
             /// As [`crate::simd::attn::AttnMergeFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_merge(
@@ -247,6 +255,7 @@ macro_rules! tier {
                 t.attn_tile = attn_tile;
                 t.attn_tile_f16 = attn_tile_f16;
                 t.attn_tile_bf16 = attn_tile_bf16;
+                t.attn_tile_i8 = attn_tile_i8;
                 t.attn_merge = attn_merge;
                 t.attn_lanes = <$f32s as F32s>::N;
                 t.silu_mul = silu_mul;
