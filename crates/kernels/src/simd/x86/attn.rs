@@ -20,10 +20,11 @@
 //! grouped; `head_dim` must be a multiple of `N` (the dispatch table falls back to the scalar
 //! tier otherwise).
 //!
-//! Keys and values come from a store of f32, f16 or bf16 ([`LoadKv`]: a plain load, F16C /
-//! AVX-512 `vcvtph2ps`, or for bf16 a zero-extension to 32 bits and a shift by 16); the
-//! widening is exact, so the 16-bit kernels are the f32 kernel over the rounded cache, bit
-//! for bit.
+//! Keys and values come from a store of f32, f16, bf16 or int8 ([`LoadKv`]: a plain load,
+//! F16C / AVX-512 `vcvtph2ps`, for bf16 a zero-extension to 32 bits and a shift by 16, for
+//! int8 a sign-extension and a conversion); the widening is exact, so the 16-bit kernels are
+//! the f32 kernel over the rounded cache, bit for bit. Over int8 the scales are applied where
+//! `E::SCALED` says: to the score chains and to the probabilities.
 //!
 //! As everywhere in `x86`, these bodies are `#[inline(always)]` without target features and
 //! use no closures; they are compiled only inside the `#[target_feature]` entry points.
@@ -363,7 +364,7 @@ macro_rules! by_rows {
     };
 }
 
-/// One [`AttnTile`] step over a K/V store of `E` (f32, f16 or bf16): rows in blocks of up to `R`
+/// One [`AttnTile`] step over a K/V store of `E` (f32, f16, bf16 or int8): rows in blocks of up to `R`
 /// (at most 4), keys `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks
 /// share each key and value load among more rows and overlap the rows' softmax dependency
 /// chains (max, `exp2`, sums: the latency that bounds a decode tile step).
@@ -470,8 +471,9 @@ impl<S: F32s, const KV: usize> Block<S, KV> {
     }
 }
 
-/// Scores of rows `r0..r0 + R`: four chains per row over the quarters of head_dim, summed
-/// `(c0 + c1) + (c2 + c3)`, lanes past the row's `n_valid` masked to `-inf`.
+/// Scores of rows `r0..r0 + R`: four chains per row over the quarters of head_dim (over int8,
+/// each times its keys' scales of that quarter), summed `(c0 + c1) + (c2 + c3)`, lanes past
+/// the row's `n_valid` masked to `-inf`.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn scores<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(
