@@ -187,13 +187,15 @@ impl KvElem for bf16 {
 impl KvElem for i8 {
     const DTYPE: KvDtype = KvDtype::I8;
     const SCALED: bool = true;
-    /// Clamped to ±127, then rounded to nearest even by adding and subtracting 1.5 · 2^23
-    /// (exact below 2^22, and plain f32 arithmetic the compiler vectorizes, where
-    /// `round_ties_even` is a libm call on baseline x86-64); NaN becomes 0.
+    /// Clamped to ±127, then rounded to nearest even by adding 1.5 · 2^23, where the f32
+    /// spacing is 1, and read back from the sum's bits (whose mantissa counts up by one per
+    /// integer there): plain arithmetic that the compiler vectorizes, where `round_ties_even`
+    /// is a libm call on baseline x86-64 and a saturating `as` is not vectorized. A NaN gives
+    /// some quant; the write only quantizes one in a group of scale 0, which reads back as 0.
     #[inline(always)]
     fn from_f32(x: f32) -> Self {
         const MAGIC: f32 = 12_582_912.0;
-        ((x.clamp(-127.0, 127.0) + MAGIC) - MAGIC) as i8
+        ((x.clamp(-127.0, 127.0) + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32) as i8
     }
     #[inline(always)]
     fn to_f32(self) -> f32 {
@@ -209,7 +211,7 @@ pub const K_SCALE_GROUPS: usize = 4;
 
 /// The int8 scale of a row whose largest magnitude is `absmax`, and the factor its values
 /// are multiplied by before rounding: `(absmax / 127, 127 / absmax)`, or `(0, 0)` for a row
-/// of zeros or one that is not finite (it is stored as zeros).
+/// of zeros or one that is not finite (it reads back as zeros).
 #[inline]
 pub fn int8_scale(absmax: f32) -> (f32, f32) {
     if absmax > 0.0 && absmax.is_finite() {
@@ -219,17 +221,19 @@ pub fn int8_scale(absmax: f32) -> (f32, f32) {
     }
 }
 
-/// `max(m, |x|)`, NaN once either is NaN (so a row with a NaN gets scale 0).
-#[inline(always)]
-pub fn absmax(m: f32, x: f32) -> f32 {
-    let a = x.abs();
-    if a > m || a.is_nan() { a } else { m }
+/// The largest `|x|` of `xs` (0 for none) as the bits of an f32, NaN if one is NaN: for
+/// non-negative floats the bits' integer order is the values' order, and a NaN's bits lie
+/// above every number's, so an integer max (which vectorizes) finds it. `f32::from_bits` of
+/// the result is the magnitude; two results combine with `max`.
+#[inline]
+pub fn absmax_bits(xs: &[f32]) -> u32 {
+    xs.iter().fold(0, |m, x| m.max(x.to_bits() & 0x7fff_ffff))
 }
 
 /// Quantizes `src` into `dst` (equal lengths) as one int8 row; returns its scale.
 pub fn quantize_int8_row(src: &[f32], dst: &mut [i8]) -> f32 {
     assert_eq!(src.len(), dst.len());
-    let (scale, inv) = int8_scale(src.iter().fold(0.0, |m, &x| absmax(m, x)));
+    let (scale, inv) = int8_scale(f32::from_bits(absmax_bits(src)));
     for (d, &x) in dst.iter_mut().zip(src) {
         *d = i8::from_f32(x * inv);
     }
@@ -277,13 +281,19 @@ mod tests {
         for (x, q) in src.iter().zip(q) {
             assert!((q as f32 * scale - x).abs() <= 0.5 * scale);
         }
-        // Zeros and non-finite rows are stored as zeros with scale 0; saturation is symmetric.
+        // Zeros and non-finite rows get scale 0 (they read back as 0); saturation is symmetric.
         assert_eq!(quantize_int8_row(&[0.0; 3], &mut q[..3]), 0.0);
-        assert_eq!(quantize_int8_row(&[1.0, f32::NAN, 2.0], &mut q[..3]), 0.0);
         assert_eq!(q[..3], [0, 0, 0]);
+        assert_eq!(quantize_int8_row(&[1.0, f32::NAN, 2.0], &mut q[..3]), 0.0);
+        assert_eq!(
+            quantize_int8_row(&[1.0, f32::INFINITY, -2.0], &mut q[..3]),
+            0.0
+        );
+        assert!(f32::from_bits(absmax_bits(&[1.0, f32::NAN, -3.0])).is_nan());
+        assert_eq!(f32::from_bits(absmax_bits(&[1.0, -3.5, 2.0])), 3.5);
+        assert_eq!(absmax_bits(&[]), 0);
         assert_eq!(i8::from_f32(300.0), 127);
         assert_eq!(i8::from_f32(-300.0), -127);
-        assert_eq!(i8::from_f32(f32::NAN), 0);
         // The rounding trick agrees with round_ties_even over the whole range, halves included.
         for i in -1300..=1300 {
             let x = i as f32 / 10.0 + 0.05 * (i % 2) as f32;

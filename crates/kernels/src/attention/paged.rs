@@ -32,7 +32,7 @@
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
 //! kernels never let them reach a result.
 
-use crate::kv_elem::{K_SCALE_GROUPS, KvElem, absmax, cast_buf, int8_scale};
+use crate::kv_elem::{K_SCALE_GROUPS, KvElem, absmax_bits, cast_buf, int8_scale};
 use crate::ops::{RopeStyle, rotate};
 use crate::simd::attn::KEY_TILE;
 
@@ -249,6 +249,7 @@ impl<T: KvElem> PagedKv<'_, T> {
         let (ks, vs) = scales.split_at_mut(n_scales.saturating_sub(KEY_TILE));
         kt.fill(T::default());
         ks.fill(0.0);
+        vs.fill(0.0);
         for j in 0..n_valid {
             let (block, slot) = lay.locate(block_table, pos0 + j);
             for d in 0..hd {
@@ -397,20 +398,20 @@ impl<T: KvElem> PagedKvMut<'_, T> {
             if T::SCALED {
                 let v_inv;
                 let si = lay.v_scale_at(block, h, slot);
-                (self.v_scale[si], v_inv) = int8_scale(vh.iter().fold(0.0, |m, &x| absmax(m, x)));
+                (self.v_scale[si], v_inv) = int8_scale(f32::from_bits(absmax_bits(vh)));
                 for (d0, run) in (0..hd).step_by(WRITE_RUN).zip(vh.chunks(WRITE_RUN)) {
                     store_strided(&mut self.v[at + d0..], 1, run, d0, hd, &[v_inv]);
                 }
                 // The key's quarters' largest magnitudes, from a first rotation.
-                let mut m = [0f32; K_SCALE_GROUPS];
+                let mut m = [0u32; K_SCALE_GROUPS];
                 rotated_runs(kh, rope, |d0, run| {
                     by_group(d0, run.len(), quarter, |g, r| {
-                        m[g] = run[r].iter().fold(m[g], |m, &x| absmax(m, x));
+                        m[g] = m[g].max(absmax_bits(&run[r]));
                     });
                 });
                 for (g, &m) in m.iter().enumerate() {
                     let si = lay.k_scale_at(block, h, g, slot);
-                    (self.k_scale[si], k_inv[g]) = int8_scale(m);
+                    (self.k_scale[si], k_inv[g]) = int8_scale(f32::from_bits(m));
                 }
             } else {
                 T::from_f32_slice(vh, &mut self.v[at..at + hd]);
