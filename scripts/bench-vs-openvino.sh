@@ -10,13 +10,15 @@
 # outside the project) and run by ../shared/peers/openvino_bench.py.
 # Usage: scripts/bench-vs-openvino.sh [ROUNDS=3] [THREADS=nproc]
 # Env: MODEL (default: the default model), TOKENMILL_BIN (default: build target/release/tokenmill),
-#      PEERS (default ../shared/peers)
+#      PEERS (default ../shared/peers), KV_CACHE_DTYPE (tokenmill's --kv-cache-dtype, default f16;
+#      OpenVINO's own KV cache is u8 by default, which int8 matches)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 threads="${2:-$(nproc)}"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 peers="${PEERS:-../shared/peers}"
+kv="${KV_CACHE_DTYPE:-f16}"
 py="$(bash "$peers/openvino-genai.sh")"
 tm="$(scripts/tokenmill-bin.sh)"
 out="$(mktemp -d)"
@@ -25,9 +27,9 @@ for r in $(seq 1 "$rounds"); do
   "$py" "$peers/openvino_bench.py" raw --model "$model" --threads "$threads" \
     --input-len 512 --output-len 128 --repetitions 1 --seed "$r" 2>/dev/null | tail -n 1 > "$out/ov-raw.$r.json"
   "$tm" bench-model --model "$model" --threads "$threads" --repetitions 1 --seed "$r" \
-    --prompt 512 --generate 128 --batch 8 > "$out/tm-raw.$r.txt"
+    --prompt 512 --generate 128 --batch 8 --kv-cache-dtype "$kv" > "$out/tm-raw.$r.txt"
   "$tm" bench-engine --model "$model" --threads "$threads" --num-prompts 64 --concurrency 16 \
-    --input-len 128 --output-len 128 --seed "$r" > "$out/tm-batch.$r.txt"
+    --input-len 128 --output-len 128 --seed "$r" --kv-cache-dtype "$kv" > "$out/tm-batch.$r.txt"
   "$py" "$peers/openvino_bench.py" batch --model "$model" --threads "$threads" \
     --num-prompts 64 --concurrency 16 --input-len 128 --output-len 128 --seed "$r" 2>/dev/null \
     | tail -n 1 > "$out/ov-batch.$r.json"

@@ -21,16 +21,16 @@
 //! scale 0. The kernels widen the quants exactly and apply the scales where they cost
 //! least: each of a tile's four partial score sums (one per quarter of `head_dim`) is
 //! multiplied by its keys' scales before they are added, and each probability by its value
-//! row's scale before `P · V` ([`KvElem::SCALED`]). So an int8 run is not the f32 kernel over the dequantized cache bit
-//! for bit (the scale moves from each element to the sum); it is tested against the reference
-//! over the dequantized values with an error budget.
+//! row's scale before `P · V` ([`KvElem::SCALED`]). So an int8 run is not the f32 kernel
+//! over the dequantized cache bit for bit (the scale moves from each element to the sum); it
+//! is tested against the reference over the dequantized values with an error budget.
 //!
 //! One generic code path over the element type: the store, the views, the write, the tile
-//! gather and the kernels are generic over [`KvElem`] (implemented for `f32`, `f16` and
-//! `bf16` only), and the SIMD kernels over "load one vector of lanes of `E` as f32"
-//! (`simd::x86::attn::LoadKv`); the scales only where `E::SCALED`. This module sits below both the attention code and the SIMD
-//! kernels (it depends on neither); the tier table picks a tile kernel per element type
-//! (`TierFns::attn_tile_for`).
+//! gather and the kernels are generic over [`KvElem`] (implemented for `f32`, `f16`, `bf16`
+//! and `i8` only), and the SIMD kernels over "load one vector of lanes of `E` as f32"
+//! (`simd::x86::attn::LoadKv`); the scales only where `E::SCALED`. This module sits below
+//! both the attention code and the SIMD kernels (it depends on neither); the tier table picks
+//! a tile kernel per element type (`TierFns::attn_tile_for`).
 
 use std::fmt;
 use std::str::FromStr;

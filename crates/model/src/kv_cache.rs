@@ -10,9 +10,9 @@
 //! Elements are f32 (exact; [`KvCache::new`]'s), f16 (the commands' and the engine's default),
 //! bf16 ([`KvDtype`]; 16-bit: half the bytes per token, K and V rounded to nearest even as
 //! they are written) or int8 (a quarter, plus f32 scales in arenas of their own: four per KV
-//! head's row of K, one per row of V — [`PagedKv`]'s layout, `n_layers` times); the arena is one enum and each layer's
-//! views come out as a [`LayerKv`] / [`LayerKvMut`] of the matching type, which the forward
-//! pass hands to the (generic) kernels.
+//! head's row of K, one per row of V — [`PagedKv`]'s layout, `n_layers` times). The arena is
+//! one enum and each layer's views come out as a [`LayerKv`] / [`LayerKvMut`] of the matching
+//! type, which the forward pass hands to the (generic) kernels.
 
 use half::bf16;
 use tokenmill_kernels::attention::{

@@ -14,10 +14,9 @@
 //! contiguous value rows of V: the attention kernels read it in place, with no gather and no
 //! transposition. Other block sizes (the tiny tests use 4) are gathered into a scratch tile.
 //!
-//! The store's element type is f32, f16, bf16 or i8 ([`KvElem`]; the engine defaults to f16): values are rounded to it
-//! as they are written and widened back as the kernels load them. An int8 store also holds
-//! one f32 scale per (token, KV head) row of K and of V ([`crate::kv_elem`]), in two arrays
-//! beside it:
+//! The store's element type is f32, f16, bf16 or i8 ([`KvElem`]; the engine defaults to f16):
+//! values are rounded to it as they are written and widened back as the kernels load them. An
+//! int8 store also holds f32 scales ([`crate::kv_elem`]) in two arrays beside it:
 //!
 //! ```text
 //! K scales: [num_blocks, n_kv_heads, 4, block_size]   one per quarter of head_dim
