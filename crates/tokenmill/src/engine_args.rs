@@ -29,9 +29,10 @@ pub enum KvDtypeArg {
     F16,
     /// 2 bytes per element, bfloat16: as f16, with f32's range and three fewer mantissa bits.
     Bf16,
-    /// 1 byte per element plus an f32 scale per KV head's row of K or V (DeepSeek: per 64
-    /// latent values), symmetric int8: about half of f16's bytes, so nearly twice the tokens,
-    /// and half the bytes attention reads; costs accuracy (see BENCHMARKS.md).
+    /// 1 byte per element plus f32 scales (four per KV head's key, one per value row;
+    /// DeepSeek: one per 64 latent values), symmetric int8: about 0.58 of f16's bytes, so 1.7
+    /// times the tokens, and fewer bytes for attention to read; costs some accuracy (see
+    /// BENCHMARKS.md).
     Int8,
 }
 

@@ -16,7 +16,8 @@
 //!
 //! The store's element type is f32, f16, bf16 or i8 ([`KvElem`]; the engine defaults to f16):
 //! values are rounded to it as they are written and widened back as the kernels load them. An
-//! int8 store also holds f32 scales ([`crate::kv_elem`]) in two arrays beside it:
+//! int8 store also holds f32 scales ([`crate::kv_elem`]) in two arrays beside it (empty
+//! slices for the float types):
 //!
 //! ```text
 //! K scales: [num_blocks, n_kv_heads, 4, block_size]   one per quarter of head_dim
@@ -24,8 +25,6 @@
 //! ```
 //!
 //! so a tile's 16 scales of a quarter (or of V) are contiguous, like a row of K.
-//!
-//! (empty slices for the float types).
 //!
 //! Invariants: a tile never reads past its block (`slot0 + KEY_TILE <= block_size` in the
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
@@ -369,7 +368,8 @@ impl<T: KvElem> PagedKvMut<'_, T> {
     /// (after the rotation: the key is rotated once to find them and once to store it), and
     /// the scales stored.
     ///
-    /// A value row is converted in one run ([`KvElem::from_f32_slice`]); a key goes through
+    /// A value row is converted in one run ([`KvElem::from_f32_slice`]; int8: in
+    /// [`WRITE_RUN`]-element pieces after its scale); a key goes through
     /// [`WRITE_RUN`]-element pieces, each rotated and converted in a stack buffer, then
     /// scattered down its transposed column (one element every `block_size`).
     ///
