@@ -6,8 +6,9 @@
 //!   `loop_controls` (`break`/`continue`) on, no auto-escaping;
 //! - Python string/dict methods (`.strip()`, `.startswith()`, `.split()`, `.items()`, `.get()`,
 //!   ...) through `minijinja_contrib::pycompat`;
-//! - globals `raise_exception(msg)` and `strftime_now(fmt)` (UTC); a `tojson` filter that
-//!   writes JSON like Python's `json.dumps(..., ensure_ascii=False)` (`", "` and `": "`
+//! - globals `raise_exception(msg)`, `strftime_now(fmt)` (UTC) and `namespace()` (whose
+//!   cycles, `{% set ns.me = ns %}`, are broken after each render: `namespaces.rs`); a
+//!   `tojson` filter that writes JSON like Python's `json.dumps(..., ensure_ascii=False)` (`", "` and `": "`
 //!   separators, `indent=`, `sort_keys=`, `ensure_ascii=` keyword arguments);
 //! - variables `messages`, `add_generation_prompt`, `bos_token`, `eos_token`, and `tools` /
 //!   `documents` set to none unless given;
@@ -102,6 +103,7 @@ impl ChatTemplate {
         env.set_fuel(Some(DEFAULT_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_function("namespace", crate::namespaces::namespace);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source.to_owned())
@@ -184,6 +186,7 @@ impl ChatTemplate {
             limit: self.max_output_bytes,
             exceeded: false,
         };
+        let _render = crate::namespaces::Render::begin();
         match tmpl.render_captured_to(ctx, &mut out) {
             Ok(_) => {
                 String::from_utf8(out.buf).map_err(|e| TokenizerError::Template(e.to_string()))

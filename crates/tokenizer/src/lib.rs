@@ -37,6 +37,7 @@ mod detok;
 mod error;
 pub mod gguf_vocab;
 mod hf;
+mod namespaces;
 mod pieces;
 pub mod pretokenizers;
 
