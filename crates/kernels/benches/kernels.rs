@@ -303,6 +303,19 @@ fn bench_attention(c: &mut Criterion) {
     bench_attention_case::<f32>(&mut g, "decode_b32_ctx192_30_layers", (32, 192, 1), 30);
     bench_attention_case::<f16>(&mut g, "decode_b32_ctx192_30_layers_f16", (32, 192, 1), 30);
     bench_attention_case::<i8>(&mut g, "decode_b32_ctx192_30_layers_int8", (32, 192, 1), 30);
+    // The 1K-context batched decode of BENCHMARKS.md's int8 section: 126 MB of f16 K/V.
+    bench_attention_case::<f16>(
+        &mut g,
+        "decode_b16_ctx1024_10_layers_f16",
+        (16, 1024, 1),
+        10,
+    );
+    bench_attention_case::<i8>(
+        &mut g,
+        "decode_b16_ctx1024_10_layers_int8",
+        (16, 1024, 1),
+        10,
+    );
     bench_attention_case::<f32>(&mut g, "prefill_512", (1, 512, 512), 1);
     // A speculative verification chunk (the last token and five drafts) beside a plain
     // decode of the same context.

@@ -4,13 +4,16 @@
 //! an assertion — a quick look at one tier and pool size:
 //!
 //! ```text
-//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout] [type]
+//! cargo run --release -p tokenmill-kernels --example matmul_timing -- [threads] [tokens] [tier] [layout] [type] [stream MiB]
 //! ```
 //!
 //! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni` or `amx` (default: the best
 //! supported);
 //! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`;
-//! `type` (`q4_1`, `q8_0`, ...) keeps only that format's shapes.
+//! `type` (`q4_1`, `q8_0`, ...) keeps only that format's shapes (`all`: every shape);
+//! `stream MiB` (default 0) cycles each shape through copies of its weights filling that many
+//! MiB, so that, as in a model's forward pass, every call reads its weights from memory
+//! rather than from cache.
 //! Prints the best of five runs per shape: µs per call, ns per 32-element weight block and
 //! token, and multiply-adds per second.
 
@@ -32,7 +35,10 @@ fn main() {
     };
     let kernels = Kernels::new(tier).expect("a tier this CPU supports");
     let rows16 = args.get(4).is_none_or(|l| l == "rows16");
-    let only = args.get(5);
+    let only = args.get(5).filter(|t| t.as_str() != "all");
+    // Weights cycled through per shape, so that calls stream them from memory as a model's
+    // layers do (0: one matrix, which stays in cache).
+    let stream_bytes: usize = args.get(6).map_or(0, |s| s.parse().expect("stream MiB")) << 20;
     let pool = ThreadPool::new(threads);
     let mut rng = SplitMix64::new(1);
     for (ty, n, k) in [
@@ -55,16 +61,24 @@ fn main() {
         let x = random_f32_row(&mut rng, tokens * k, 1.0);
         let mut out = vec![0f32; tokens * n];
         let ggml = QMatrix::new(ty, n, k, &w);
-        let packed = PackedMatrix::pack(&ggml).filter(|_| rows16);
-        let m = packed.as_ref().map_or(ggml, |p| p.view());
+        let copies = (stream_bytes / w.len()).max(1);
+        let packed: Vec<PackedMatrix> = (0..copies)
+            .filter_map(|_| PackedMatrix::pack(&ggml).filter(|_| rows16))
+            .collect();
+        let ms: Vec<QMatrix> = if packed.is_empty() {
+            vec![ggml; copies]
+        } else {
+            packed.iter().map(|p| p.view()).collect()
+        };
+        let m = ms[0];
         let macs = (n * k * tokens) as f64;
-        let reps = ((2e8 / macs) as usize).max(2);
+        let reps = ((2e8 / macs) as usize).max(2).max(copies);
         matmul_with(&pool, &kernels, &x, &m, &mut out);
         let mut best = f64::MAX;
         for _ in 0..5 {
             let t0 = Instant::now();
-            for _ in 0..reps {
-                matmul_with(&pool, &kernels, &x, &m, &mut out);
+            for r in 0..reps {
+                matmul_with(&pool, &kernels, &x, &ms[r % copies], &mut out);
             }
             best = best.min(t0.elapsed().as_secs_f64() / reps as f64);
         }
