@@ -158,6 +158,12 @@ mod tests {
             "{% for i in range(3) %}{% set ns = namespace(p=probe) %}{% set ns.me = ns %}\
              {% endfor %}ok",
             "{% set ns = namespace(p=probe) %}{% set ns.me = ns %}{{ raise_exception('no') }}",
+            // Through a loop object over the namespace; and through a macro that reads it
+            // (minijinja's own closure tracking frees that one: a guard should it stop).
+            "{% set ns = namespace(p=probe) %}{% for x in [ns] %}{% set ns.l = loop %}\
+             {% endfor %}ok",
+            "{% set ns = namespace(p=probe) %}{% macro m() %}{{ ns.p }}{% endmacro %}\
+             {% set ns.m = m %}ok",
         ] {
             let (out, freed) = render(source);
             assert!(freed, "{source}: leaked ({out:?})");
