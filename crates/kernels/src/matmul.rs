@@ -11,8 +11,8 @@
 //!    thread-local buffer that only grows (no allocation after warm-up), in parallel for
 //!    prefill-sized inputs;
 //! 2. the weight rows are split into chunks, claimed by the threads of the [`ThreadPool`]
-//!    (about eight chunks per thread, so both cores stay busy for `n` as small as a few
-//!    hundred and a slow thread does not hold up the rest);
+//!    (two chunks per thread: a slow thread does not hold up the rest, and few chunks start
+//!    few cold weight streams);
 //! 3. inside a chunk, a tile of weight rows (~16 KiB, L1-resident) is swept against the token
 //!    rows in groups of the kernel's `max_rows`: each weight block is decoded once per group
 //!    by the tier's [`DotKernel`], and the tile is reused by every group while it is in cache.
@@ -47,8 +47,12 @@ use crate::quant::rows16::GROUP;
 
 /// Target bytes of the weight tile swept against each group of token rows (fits L1).
 const TILE_BYTES: usize = 16 * 1024;
-/// Row chunks per thread: enough to balance uneven threads, few enough to keep claims cheap.
-const CHUNKS_PER_THREAD: usize = 8;
+/// Row chunks per thread: two, so that a late or slow thread still leaves the others work to
+/// claim, and few, because each chunk's weight stream starts cold (the kernels request it
+/// ahead only once it runs). On Zen 5, 2 rather than 8 made single-stream decode 1.2× faster
+/// (tg128 385 → 460–520 tok/s) and 16-sequence decode 1.05×, prefill unchanged; 1 was as
+/// fast as 2, 4 in between (BENCHMARKS.md).
+const CHUNKS_PER_THREAD: usize = 2;
 /// Fewest weight rows per chunk.
 const MIN_CHUNK_ROWS: usize = 16;
 /// f32 elements of the weight tile the float path converts and hands to `gemm` (256 KiB).
