@@ -52,17 +52,19 @@ impl Drop for Render {
         if spaces.is_empty() {
             return;
         }
-        let mut names: Vec<String> = Vec::new();
+        // Sorted and unique (a namespace's defaults may be a map of many keys).
+        let mut names = std::collections::BTreeSet::new();
         for ns in &spaces {
             let Ok(keys) = ns.try_iter() else { continue };
             for key in keys {
                 let Some(name) = key.as_str() else { continue };
                 let held = ns.get_attr(name).unwrap_or_default();
-                if is_identifier(name) && is_container(&held) && !names.iter().any(|n| n == name) {
-                    names.push(name.to_owned());
+                if is_identifier(name) && is_container(&held) {
+                    names.insert(name.to_owned());
                 }
             }
         }
+        let names: Vec<String> = names.into_iter().collect();
         if names.is_empty() {
             return;
         }
