@@ -30,6 +30,8 @@
 //! direct case); lanes of a tile past the sequence's last position may hold anything — the
 //! kernels never let them reach a result.
 
+use std::ops::Range;
+
 use crate::kv_elem::{K_SCALE_GROUPS, KvElem, absmax_bits, cast_buf, int8_scale};
 use crate::ops::{RopeStyle, rotate};
 use crate::simd::attn::KEY_TILE;
@@ -40,6 +42,14 @@ pub struct KvLayout {
     pub block_size: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+}
+
+/// Element ranges of one in-place tile ([`KvLayout::tile_spans`]).
+struct TileSpans {
+    k: Range<usize>,
+    v: Range<usize>,
+    k_scale: Range<usize>,
+    v_scale: Range<usize>,
 }
 
 impl KvLayout {
@@ -81,6 +91,27 @@ impl KvLayout {
     #[inline]
     fn v_scale_at(&self, block: usize, head: usize, slot: usize) -> usize {
         (block * self.n_kv_heads + head) * self.block_size + slot
+    }
+
+    /// Where the in-place tile of head `head` starting at `slot` of `block` lies (a block size
+    /// that is a multiple of [`KEY_TILE`]): its transposed K rows, its value rows, and its
+    /// scales (four rows of K scales, as K's; a row of V scales), each one contiguous span.
+    #[inline]
+    fn tile_spans(&self, block: usize, head: usize, slot: usize) -> TileSpans {
+        let (k0, v0) = (
+            self.k_at(block, head, 0, slot),
+            self.v_at(block, head, slot),
+        );
+        let (ks0, vs0) = (
+            self.k_scale_at(block, head, 0, slot),
+            self.v_scale_at(block, head, slot),
+        );
+        TileSpans {
+            k: k0..k0 + (self.head_dim - 1) * self.block_size + KEY_TILE,
+            v: v0..v0 + KEY_TILE * self.head_dim,
+            k_scale: ks0..ks0 + (K_SCALE_GROUPS - 1) * self.block_size + KEY_TILE,
+            v_scale: vs0..vs0 + KEY_TILE,
+        }
     }
 
     /// (block, slot) of position `pos` under `block_table`.
@@ -210,28 +241,22 @@ impl<T: KvElem> PagedKv<'_, T> {
         let (hd, pos0) = (lay.head_dim, tile * KEY_TILE);
         if lay.block_size.is_multiple_of(KEY_TILE) {
             let (block, slot0) = lay.locate(block_table, pos0);
-            let (k0, v0) = (
-                lay.k_at(block, head, 0, slot0),
-                lay.v_at(block, head, slot0),
-            );
-            // The whole transposed tile and its values lie inside the block.
-            assert!(
-                k0 + (hd - 1) * lay.block_size + KEY_TILE <= self.k.len()
-                    && v0 + KEY_TILE * hd <= self.v.len()
-            );
+            // The whole transposed tile and its values lie inside the block (the slicing
+            // panics otherwise).
+            let spans = lay.tile_spans(block, head, slot0);
             let (k_scale, v_scale) = if T::SCALED {
                 // Quarter `g`'s 16 key scales at `k_scale + g * kt_stride`, as K's rows.
-                let ks0 = lay.k_scale_at(block, head, 0, slot0);
-                let vs0 = lay.v_scale_at(block, head, slot0);
-                let ks = &self.k_scale[ks0..][..(K_SCALE_GROUPS - 1) * lay.block_size + KEY_TILE];
-                (ks.as_ptr(), self.v_scale[vs0..][..KEY_TILE].as_ptr())
+                (
+                    self.k_scale[spans.k_scale].as_ptr(),
+                    self.v_scale[spans.v_scale].as_ptr(),
+                )
             } else {
                 (std::ptr::null(), std::ptr::null())
             };
             return TileSrc {
-                kt: self.k[k0..].as_ptr(),
+                kt: self.k[spans.k].as_ptr(),
                 kt_stride: lay.block_size,
-                v: self.v[v0..].as_ptr(),
+                v: self.v[spans.v].as_ptr(),
                 v_stride: hd,
                 k_scale,
                 v_scale,
@@ -289,28 +314,20 @@ impl<T: KvElem> PagedKv<'_, T> {
             return;
         }
         let (block, slot0) = lay.locate(block_table, pos0);
-        let (k0, v0) = (
-            lay.k_at(block, head, 0, slot0),
-            lay.v_at(block, head, slot0),
-        );
-        let hd = lay.head_dim;
-        if k0 + (hd - 1) * lay.block_size + KEY_TILE > self.k.len()
-            || v0 + KEY_TILE * hd > self.v.len()
-        {
+        let spans = lay.tile_spans(block, head, slot0);
+        let (Some(k), Some(v)) = (self.k.get(spans.k), self.v.get(spans.v)) else {
             return;
-        }
-        // The tile's K rows (`hd` rows of `block_size` keys) and its value rows are each one
-        // contiguous span.
-        prefetch_lines(&self.k[k0..k0 + (hd - 1) * lay.block_size + KEY_TILE]);
-        prefetch_lines(&self.v[v0..v0 + KEY_TILE * hd]);
-        if T::SCALED {
-            let ks0 = lay.k_scale_at(block, head, 0, slot0);
-            let vs0 = lay.v_scale_at(block, head, slot0);
-            let ks_end = ks0 + (K_SCALE_GROUPS - 1) * lay.block_size + KEY_TILE;
-            if ks_end <= self.k_scale.len() && vs0 + KEY_TILE <= self.v_scale.len() {
-                prefetch_lines(&self.k_scale[ks0..ks_end]);
-                prefetch_lines(&self.v_scale[vs0..vs0 + KEY_TILE]);
-            }
+        };
+        prefetch_lines(k);
+        prefetch_lines(v);
+        if T::SCALED
+            && let (Some(ks), Some(vs)) = (
+                self.k_scale.get(spans.k_scale),
+                self.v_scale.get(spans.v_scale),
+            )
+        {
+            prefetch_lines(ks);
+            prefetch_lines(vs);
         }
     }
 }
