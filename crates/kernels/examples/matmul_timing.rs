@@ -60,13 +60,17 @@ fn main() {
             .collect();
         let x = random_f32_row(&mut rng, tokens * k, 1.0);
         let mut out = vec![0f32; tokens * n];
-        let ggml = QMatrix::new(ty, n, k, &w);
+        // Distinct buffers, so that cycling through them streams from memory in either layout.
         let copies = (stream_bytes / w.len()).max(1);
-        let packed: Vec<PackedMatrix> = (0..copies)
-            .filter_map(|_| PackedMatrix::pack(&ggml).filter(|_| rows16))
-            .collect();
+        let ws = vec![w; copies];
+        let ggml: Vec<QMatrix> = ws.iter().map(|w| QMatrix::new(ty, n, k, w)).collect();
+        let packed: Vec<PackedMatrix> = if rows16 {
+            ggml.iter().filter_map(|g| PackedMatrix::pack(g)).collect()
+        } else {
+            Vec::new()
+        };
         let ms: Vec<QMatrix> = if packed.is_empty() {
-            vec![ggml; copies]
+            ggml
         } else {
             packed.iter().map(|p| p.view()).collect()
         };
