@@ -5,6 +5,12 @@
 # included), then the soak, the fuzz targets and Miri. CI (`.ci/run`) calls this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# A test run builds from scratch, so incremental caches only cost disk (2 GB of target/).
+export CARGO_INCREMENTAL=0
+# TOKENMILL_CI_LOW_DISK=1 (set by .ci/run): drop each stage's build once the next stage no
+# longer needs it, so the run's peak disk is one stage's build (a CI machine once ran out of
+# space at ~9 GB: the test build, the fuzz build and Miri's side by side).
+low_disk() { [ "${TOKENMILL_CI_LOW_DISK:-0}" = 1 ]; }
 scripts/fetch-model.sh >/dev/null
 scripts/test-deps.sh >/dev/null   # the official openai client, for the end-to-end tests
 # llama.cpp (built once from PyPI's llama-cpp-python sources into ~/.cache): the quantize tests
@@ -21,5 +27,7 @@ cargo test --workspace --locked --no-fail-fast
 # mixed traffic under faults against `tokenmill serve`, every fuzz target for a bounded time
 # (nightly + cargo-fuzz, AddressSanitizer), and the readers' and kernels' unsafe paths under Miri.
 TOKENMILL_BIN="$PWD/target/debug/tokenmill" scripts/soak.sh --duration 60
+if low_disk; then rm -rf target/debug; fi
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}" scripts/fuzz.sh
+if low_disk; then rm -rf fuzz/target; fi
 scripts/miri.sh quick
