@@ -9,7 +9,8 @@
 //!
 //! `tier` is `scalar`, `avx2`, `avx-vnni`, `avx512-vnni` or `amx` (default: the best
 //! supported);
-//! `layout` is `rows16` (default: the weights repacked as the model loads them) or `ggml`;
+//! `layout` is `rows16` (default: the weights repacked as the model loads them), `rows16-a8`
+//! (the same against 8-bit activations, `--activation-bits 8`) or `ggml`;
 //! `type` (`q4_1`, `q8_0`, ...) keeps only that format's shapes (`all`: every shape);
 //! `stream MiB` (default 0) cycles each shape through copies of its weights filling that many
 //! MiB, so that, as in a model's forward pass, every call reads its weights from memory
@@ -33,8 +34,11 @@ fn main() {
         Some(name) => Tier::from_name(name).expect("a tier name"),
         None => Tier::best(),
     };
-    let kernels = Kernels::new(tier).expect("a tier this CPU supports");
-    let rows16 = args.get(4).is_none_or(|l| l == "rows16");
+    let layout = args.get(4).map_or("rows16", String::as_str);
+    let rows16 = layout.starts_with("rows16");
+    let kernels = Kernels::new(tier)
+        .expect("a tier this CPU supports")
+        .with_a8(layout == "rows16-a8");
     let only = args.get(5).filter(|t| t.as_str() != "all");
     // Weights cycled through per shape, so that calls stream them from memory as a model's
     // layers do (0: one matrix, which stays in cache).

@@ -182,8 +182,9 @@ impl std::fmt::Display for Tier {
 }
 
 /// An activation format an integer dot product takes: ggml's Q8_0 / Q8_1 / Q8_K (the
-/// `vec_dot_type` partners, bit-compatible with ggml) or tokenmill's 12-bit-in-i16
-/// [A16](crate::quant::a16), which `matmul` uses for the 32-element weight formats.
+/// `vec_dot_type` partners, bit-compatible with ggml), tokenmill's 12-bit-in-i16
+/// [A16](crate::quant::a16), which `matmul` uses for the 32-element weight formats, or the
+/// opt-in 8-bit [A8](crate::quant::a8) of the Rows16 weights ([`Kernels::with_a8`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum ActFormat {
@@ -191,6 +192,7 @@ pub enum ActFormat {
     Q8_1,
     Q8_K,
     A16,
+    A8,
 }
 
 impl ActFormat {
@@ -209,6 +211,7 @@ impl ActFormat {
             ActFormat::Q8_1 => 36,
             ActFormat::Q8_K => 292,
             ActFormat::A16 => crate::quant::A16_BYTES,
+            ActFormat::A8 => crate::quant::A8_BYTES,
         }
     }
 
@@ -244,6 +247,7 @@ impl ActFormat {
             ActFormat::Q8_1 => crate::quant::dequantize_row(GgmlType::Q8_1, a, dst),
             ActFormat::Q8_K => crate::quant::dequantize_row(GgmlType::Q8_K, a, dst),
             ActFormat::A16 => crate::quant::dequantize_row_a16(crate::quant::a16_blocks(a), dst),
+            ActFormat::A8 => crate::quant::dequantize_row_a8(crate::quant::a8_blocks(a), dst),
         }
     }
 }
@@ -253,6 +257,8 @@ impl ActFormat {
 pub struct Kernels {
     tier: Tier,
     fns: TierFns,
+    /// Rows16 weights with an A8 kernel on this tier take 8-bit activations ([`Self::with_a8`]).
+    a8: bool,
 }
 
 impl std::fmt::Debug for Kernels {
@@ -272,8 +278,18 @@ pub fn kernels() -> &'static Kernels {
 /// Returns `false` if the tier is unsupported or the table was already initialised with
 /// another tier.
 pub fn init_kernels(tier: Tier) -> bool {
+    init_kernels_with(tier, false)
+}
+
+/// Fixes the process-wide tier and activation precision ([`Kernels::with_a8`]) before first
+/// use. Returns `false` if the tier is unsupported or the table was already initialised
+/// otherwise.
+pub fn init_kernels_with(tier: Tier, a8: bool) -> bool {
     match Kernels::new(tier) {
-        Some(k) => KERNELS.get_or_init(|| k).tier == tier,
+        Some(k) => {
+            let k = KERNELS.get_or_init(|| k.with_a8(a8));
+            k.tier == tier && k.a8 == a8
+        }
         None => false,
     }
 }
@@ -468,7 +484,11 @@ impl Kernels {
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("only the scalar tier is supported off x86-64"),
         };
-        Some(Kernels { tier, fns })
+        Some(Kernels {
+            tier,
+            fns,
+            a8: false,
+        })
     }
 
     /// This table's tier.
@@ -488,6 +508,8 @@ impl Kernels {
     pub fn dot_kernel(&self, ty: GgmlType, act: ActFormat) -> Option<DotKernel> {
         let f = if act == ActFormat::A16 {
             self.fns.dots_a16[ty as usize]?
+        } else if act == ActFormat::A8 {
+            return None;
         } else if ActFormat::ggml_partner(ty) == Some(act) {
             self.fns.dots[ty as usize]?
         } else {
@@ -506,21 +528,50 @@ impl Kernels {
     }
 
     /// The kernel `matmul` runs for `w`: by its type and [`Layout`] (Rows16 weights take the
-    /// Rows16 kernels, against A16), or `None` for float weights.
+    /// Rows16 kernels, against A16 — or A8 where [`Self::with_a8`] asked for it and this tier
+    /// has the kernel), or `None` for float weights.
     pub fn matmul_kernel_for(&self, w: &QMatrix<'_>) -> Option<DotKernel> {
         match w.layout {
             Layout::Ggml => self.matmul_kernel(w.ty),
-            Layout::Rows16 => Some(DotKernel {
-                f: self.fns.dots_rows16[w.ty as usize]?,
-                block_size: w.ty.block_size(),
-                w_block_bytes: w.ty.type_size(),
-                act: ActFormat::A16,
-                a_block_bytes: ActFormat::A16.block_bytes_per(w.ty),
-                layout: Layout::Rows16,
-                max_rows: MAX_ROWS_16,
-                quantize: self.quantizer(ActFormat::A16),
-            }),
+            Layout::Rows16 => {
+                let a8 = self.fns.dots_rows16_a8[w.ty as usize].filter(|_| self.a8);
+                let (f, act) = match a8 {
+                    Some(f) => (f, ActFormat::A8),
+                    None => (self.fns.dots_rows16[w.ty as usize]?, ActFormat::A16),
+                };
+                Some(DotKernel {
+                    f,
+                    block_size: w.ty.block_size(),
+                    w_block_bytes: w.ty.type_size(),
+                    act,
+                    a_block_bytes: act.block_bytes_per(w.ty),
+                    layout: Layout::Rows16,
+                    max_rows: MAX_ROWS_16,
+                    quantize: self.quantizer(act),
+                })
+            }
         }
+    }
+
+    /// This table with 8-bit [A8](crate::quant::a8) activations for the Rows16 weights that
+    /// have an A8 kernel on its tier (`a8`), or A16 for all (the default): twice the integer
+    /// multiply-adds per instruction, at a quarter-step of fidelity more
+    /// (`--activation-bits 8`). The AMX path keeps A16, so an A8 matmul runs on the AVX-512
+    /// VNNI kernels.
+    pub fn with_a8(mut self, a8: bool) -> Kernels {
+        self.a8 = a8;
+        self
+    }
+
+    /// Whether [`Self::with_a8`] asked for 8-bit activations.
+    pub fn a8(&self) -> bool {
+        self.a8
+    }
+
+    /// Whether some Rows16 weight type takes A8 on this table (8-bit activations asked for,
+    /// and kernels for them on this tier).
+    pub fn runs_a8(&self) -> bool {
+        self.a8 && self.fns.dots_rows16_a8.iter().any(Option::is_some)
     }
 
     /// The kernel `matmul` uses for weight type `ty` (activation format
@@ -535,6 +586,7 @@ impl Kernels {
             ActFormat::Q8_1 => self.fns.quantize_q8_1,
             ActFormat::Q8_K => self.fns.quantize_q8_K,
             ActFormat::A16 => self.fns.quantize_a16,
+            ActFormat::A8 => self.fns.quantize_a8,
         }
     }
 

@@ -385,7 +385,13 @@ pub(crate) fn amx_for(
     let amx = kernels.amx()?;
     let covered = ws
         .iter()
-        .all(|w| w.layout == Layout::Rows16 && amx.groups[w.ty as usize].is_some());
+        .all(|w| w.layout == Layout::Rows16 && amx.groups[w.ty as usize].is_some())
+        // The tiles take A16 only; an A8 weight stays on the VNNI kernels.
+        && ws.iter().all(|w| {
+            kernels
+                .matmul_kernel_for(w)
+                .is_some_and(|k| k.act == crate::dispatch::ActFormat::A16)
+        });
     (n_tokens >= AMX_MIN_ROWS && covered).then_some(amx)
 }
 

@@ -335,3 +335,119 @@ fn global_matmul_entry_point_and_empty_inputs() {
     let mut empty: Vec<f32> = Vec::new();
     matmul(&[], &case.matrix(), &mut empty);
 }
+
+/// The Rows16 types with an A8 reference (`rows16::vec_dot_a8`).
+const A8_TYPES: [GgmlType; 5] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+];
+
+/// The A8 reference of one output: `vec_dot_a8` of the packed row and the scalar A8 quants.
+fn a8_reference(case: &Case, t: usize, r: usize) -> f64 {
+    use tokenmill_kernels::quant::rows16::{GROUP, vec_dot_a8};
+    let k = case.k;
+    let x = &case.x[t * k..(t + 1) * k];
+    let scalar = Kernels::new(Tier::Scalar).unwrap();
+    let mut a = vec![0u8; k / 32 * ActFormat::A8.block_bytes()];
+    scalar.quantize_act(ActFormat::A8, x, &mut a);
+    let nb = k / case.ty.block_size();
+    let group =
+        &case.packed.as_ref().unwrap().view().data[r / GROUP * nb * GROUP * case.ty.type_size()..];
+    vec_dot_a8(
+        case.ty,
+        nb,
+        group,
+        r % GROUP,
+        tokenmill_kernels::quant::a8_blocks(&a),
+    ) as f64
+}
+
+/// With `with_a8(true)`, Rows16 weights run against 8-bit A8 activations on every tier that
+/// has the kernel (the scalar references and AVX-512 VNNI; the 256-bit tiers keep A16 and are
+/// named as skipped): each output matches the A8 reference within the accumulation budget
+/// (bit for bit on the scalar tier), does not depend on the thread count or the other token
+/// rows, and is the f32 product within one 8-bit step per element.
+#[test]
+fn a8_matmul_matches_its_reference_where_a_tier_has_it() {
+    let pools = [ThreadPool::new(1), ThreadPool::new(3)];
+    let mut rng = SplitMix64::new(0xA8);
+    for ty in A8_TYPES {
+        for (n, blocks, t) in SHAPES {
+            let case = Case::new(&mut rng, ty, n, blocks, t)
+                .in_layout(Layout::Rows16)
+                .unwrap();
+            let refs: Vec<f64> = (0..t)
+                .flat_map(|ti| (0..n).map(move |r| (ti, r)))
+                .map(|(ti, r)| a8_reference(&case, ti, r))
+                .collect();
+            for tier in Tier::supported() {
+                let kernels = Kernels::new(tier).unwrap().with_a8(true);
+                let act = kernels.matmul_kernel_for(&case.matrix()).unwrap().act;
+                if act != ActFormat::A8 {
+                    if (n, blocks, t) == SHAPES[0] {
+                        eprintln!("skipped: {tier} has no A8 kernel for Rows16 {ty} (runs A16)");
+                    }
+                    assert!(
+                        !matches!(tier, Tier::Scalar | Tier::Avx512Vnni | Tier::Amx)
+                            || ty == GgmlType::Q5_0 && tier != Tier::Scalar,
+                        "{tier} {ty} should run A8"
+                    );
+                    continue;
+                }
+                let first = case.run(&pools[0], &kernels);
+                assert!(
+                    first
+                        .iter()
+                        .zip(&case.run(&pools[1], &kernels))
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{tier} {ty} {n}x{} T={t}: 3 threads differ from 1",
+                    case.k
+                );
+                for (i, (&got, &want)) in first.iter().zip(&refs).enumerate() {
+                    let (ti, r) = (i / n, i % n);
+                    let x = &case.x[ti * case.k..(ti + 1) * case.k];
+                    let wd = case.w_row(r);
+                    let mag: f64 = wd
+                        .iter()
+                        .zip(x)
+                        .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                        .sum::<f64>()
+                        + quant_budget(&wd, x, 32, 1.0);
+                    let budget = (case.k as f64 / 32.0 + 16.0) * 2f64.powi(-22) * mag + 1e-30;
+                    let ok = if tier == Tier::Scalar {
+                        got as f64 == want
+                    } else {
+                        (got as f64 - want).abs() <= budget
+                    };
+                    assert!(
+                        ok,
+                        "{tier} {ty} {n}x{} T={t} out[{i}]: {got:e} vs {want:e} (budget {budget:e})",
+                        case.k
+                    );
+                    // Against the unquantized product: one 8-bit step per element.
+                    let exact: f64 = wd.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let qb = quant_budget(&wd, x, 32, 127.0) + 1e-5 * mag;
+                    assert!(
+                        (got as f64 - exact).abs() <= qb,
+                        "{tier} {ty} out[{i}]: {got:e} vs f32 {exact:e} ({qb:e})"
+                    );
+                }
+                // Batch invariance: each token row alone gives the same bits.
+                for ti in 0..t {
+                    let x = &case.x[ti * case.k..(ti + 1) * case.k];
+                    let mut out = vec![f32::NAN; n];
+                    matmul_with(&pools[0], &kernels, x, &case.matrix(), &mut out);
+                    assert!(
+                        out.iter()
+                            .zip(&first[ti * n..(ti + 1) * n])
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{tier} {ty} token {ti} alone"
+                    );
+                }
+            }
+        }
+    }
+}

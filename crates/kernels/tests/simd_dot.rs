@@ -13,7 +13,7 @@
 //!   by `Σ |w_i a_i|` of the dequantized rows (plus the `m · s` terms of Q8_1 / A16);
 //! * Q4_K / Q5_K / Q6_K: bit-identical (same exact i32 super-block sums, same f32 operations);
 //! * Q2_K / Q3_K: every tier runs the reference, so bit-identical too;
-//! * activation quantizers: byte-identical, ties included;
+//! * activation quantizers (A8 too): byte-identical, ties included;
 //! * tiles (1, 2, 5 weight rows × 1..=4 activation rows, strided output): every output matches
 //!   a one-row call — bit for bit where the accumulation order is the same, else within the
 //!   accumulation budget — and nothing outside the tile is written;
@@ -349,6 +349,7 @@ fn activation_quantizers_are_byte_identical_to_reference() {
             ActFormat::Q8_1,
             ActFormat::Q8_K,
             ActFormat::A16,
+            ActFormat::A8,
         ] {
             for x in rows.iter().filter(|x| x.len() % act.block_size() == 0) {
                 let bytes = x.len() / act.block_size() * act.block_bytes();
@@ -358,6 +359,10 @@ fn activation_quantizers_are_byte_identical_to_reference() {
                     ActFormat::Q8_1 => quantize_row(GgmlType::Q8_1, x, &mut want),
                     ActFormat::Q8_K => quantize_row(GgmlType::Q8_K, x, &mut want),
                     ActFormat::A16 => quantize_row_a16(x, a16_blocks_mut(&mut want)),
+                    ActFormat::A8 => tokenmill_kernels::quant::quantize_row_a8(
+                        x,
+                        tokenmill_kernels::quant::a8_blocks_mut(&mut want),
+                    ),
                 }
                 k.quantize_act(act, x, &mut got);
                 assert_eq!(got, want, "{} {act:?} n={}", k.tier(), x.len());

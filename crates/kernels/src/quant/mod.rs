@@ -18,11 +18,13 @@
 //!   paired by [`GgmlType::vec_dot_type`].
 //! * [`a16`]: tokenmill's activation format A16 (12-bit quants stored as i16; not a ggml type), the partner of the
 //!   32-element weight formats in `matmul`, with its reference quantizer and dot products.
+//! * [`a8`]: the opt-in 8-bit activation format of the Rows16 matmuls (`--activation-bits 8`).
 //! * [`rows16`]: tokenmill's interleaved layout of Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K weights (16 rows per
 //!   group, one per SIMD lane), repacked once at load, with its reference dot product.
 //! * [`testing`]: deterministic random rows of every type, for tests.
 
 pub mod a16;
+pub mod a8;
 pub mod blocks;
 pub mod dequant;
 pub mod dot;
@@ -34,6 +36,7 @@ pub mod rows16;
 pub mod testing;
 mod types;
 
+pub use a8::{A8_BYTES, BlockA8, a8_blocks, a8_blocks_mut, dequantize_row_a8, quantize_row_a8};
 pub use a16::{
     A16_BYTES, A16_QMAX, BlockA16, a16_as_bytes, a16_blocks, a16_blocks_mut, a16_inverse_scale,
     dequantize_row_a16, quantize_row_a16, vec_dot_q4_0_a16, vec_dot_q4_1_a16, vec_dot_q4_K_a16,

@@ -32,6 +32,7 @@
 //! Widened to i16, a 32-byte chunk is 16 lanes of (row, two consecutive columns) pairs: what
 //! `vpmaddwd` / `vpdpwssd` multiply against one broadcast pair of A16 activations.
 
+use super::a8::BlockA8;
 use super::a16::BlockA16;
 use super::blocks::{
     BlockQ4_0, BlockQ4_1, BlockQ4_K, BlockQ5_0, BlockQ6_K, BlockQ8_0, F16Le, K_SCALE_SIZE, QK,
@@ -449,6 +450,55 @@ pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Bloc
     sumf
 }
 
+/// The reference dot of lane `lane` of a Rows16 group (`nb` group-blocks of Q4_0, Q4_1, Q5_0,
+/// Q8_0 or Q4_K) with A8 activations `a` ([`crate::quant::a8`]): per 32-column block the exact
+/// `sumi = Σ (q_w − offset) · q_a`, then `d_w · d_a · sumi` (Q4_1: `+ m · s_a`; Q4_K: each
+/// sub-block as [`k4_dot`] does with A16). The plain twin of the A8 SIMD kernels.
+///
+/// Panics for another type, or if a length does not fit.
+pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[BlockA8]) -> f32 {
+    assert!(supports_a8(ty), "{ty} has no A8 dot");
+    let (ts, subs) = (ty.type_size(), ty.block_size() / QK);
+    assert!(group.len() >= nb * GROUP * ts && a.len() >= nb * subs && lane < GROUP);
+    let offset = match ty {
+        GgmlType::Q4_0 => 8,
+        GgmlType::Q5_0 => 16,
+        _ => 0,
+    };
+    let mut sumf = 0f32;
+    for b in 0..nb {
+        let gb = &group[b * GROUP * ts..(b + 1) * GROUP * ts];
+        let d = f16_at(gb, 2 * lane);
+        for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
+            let qa = ba.quants();
+            let sumi: i32 = (0..QK)
+                .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k])
+                .sum();
+            sumf += match ty {
+                GgmlType::Q4_1 => {
+                    d * ba.d() * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s()
+                }
+                GgmlType::Q4_K => {
+                    let (sc, m) = get_scale_min_k4(j, &k4_scale_bytes(gb, lane));
+                    let dmin = f16_at(gb, Q4_K_DMIN + 2 * lane);
+                    (d * sc as f32) * ba.d() * sumi as f32 + (dmin * m as f32) * -ba.s()
+                }
+                _ => d * ba.d() * sumi as f32,
+            };
+        }
+    }
+    sumf
+}
+
+/// Whether Rows16 `ty` has an A8 dot ([`vec_dot_a8`]): the formats whose 32-column blocks
+/// have one scale (Q6_K's two 16-column halves would need split sums).
+pub fn supports_a8(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K
+    )
+}
+
 /// One Q4_K sub-block's term against an A16 block: `d·sc · d_a · sumi + dmin·m · (−s_a)`,
 /// with `d·sc` and `dmin·m` exact in f32 (an f16 times a 6-bit integer).
 #[inline]
@@ -538,6 +588,47 @@ mod tests {
                     _ => vec_dot_q8_0_a16(cols, w, &a),
                 };
                 assert_eq!(got.to_bits(), want.to_bits(), "{ty} row {r}");
+            }
+        }
+    }
+
+    /// The A8 reference is the dot of the dequantized weight row with the dequantized A8
+    /// activations, up to f32 rounding (the integer sums are exact).
+    #[test]
+    fn a8_reference_dot_is_the_dequantized_dot() {
+        use crate::quant::{BlockA8, dequantize_row_a8, quantize_row_a8};
+        let mut rng = SplitMix64::new(6);
+        for ty in TYPES.into_iter().filter(|&t| supports_a8(t)) {
+            let (rows, cols) = (19, 512);
+            let data: Vec<u8> = (0..rows)
+                .flat_map(|_| random_weight_row(&mut rng, ty, cols))
+                .collect();
+            let packed = pack(ty, rows, cols, &data);
+            let x: Vec<f32> = (0..cols).map(|_| rng.normal()).collect();
+            let zero = BlockA8 {
+                d: [0; 4],
+                s: [0; 4],
+                sum: [0; 4],
+                qs: [0; QK],
+            };
+            let mut a = vec![zero; cols / QK];
+            quantize_row_a8(&x, &mut a);
+            let mut xa = vec![0f32; cols];
+            dequantize_row_a8(&a, &mut xa);
+            let nb = cols / ty.block_size();
+            let rb = nb * ty.type_size();
+            for r in 0..rows {
+                let group = &packed[(r / GROUP) * nb * GROUP * ty.type_size()..];
+                let got = vec_dot_a8(ty, nb, group, r % GROUP, &a) as f64;
+                let mut wd = vec![0f32; cols];
+                dequantize_row(ty, &data[r * rb..(r + 1) * rb], &mut wd);
+                let terms = wd.iter().zip(&xa).map(|(&w, &x)| w as f64 * x as f64);
+                let want: f64 = terms.clone().sum();
+                let mag: f64 = terms.map(f64::abs).sum();
+                assert!(
+                    (got - want).abs() <= 1e-5 * mag + 1e-6,
+                    "{ty} row {r}: {got} vs {want}"
+                );
             }
         }
     }

@@ -198,6 +198,63 @@ pub unsafe fn q8_0_rows16(t: &Tile) {
     unsafe { rows16_tile(quant::GgmlType::Q8_0, t) }
 }
 
+/// Scalar tier of a Rows16 tile against A8 activations: the reference
+/// [`quant::rows16::vec_dot_a8`] of every (weight row, activation row).
+///
+/// # Safety
+///
+/// As [`rows16_tile`], with A8 activation blocks.
+unsafe fn rows16_a8_tile(ty: quant::GgmlType, t: &Tile) {
+    use quant::rows16::{GROUP, vec_dot_a8};
+    let group_bytes = t.nb * GROUP * ty.type_size();
+    let a_blocks = ty.block_size() / quant::QK;
+    for i in 0..t.n_w {
+        // SAFETY: the caller guarantees whole groups of `nb` group-blocks for every row.
+        let group =
+            unsafe { std::slice::from_raw_parts(t.w.add(i / GROUP * t.w_stride), group_bytes) };
+        for j in 0..t.n_a {
+            // SAFETY: the caller guarantees `nb` readable activation blocks per row.
+            let a = unsafe {
+                std::slice::from_raw_parts(
+                    t.a.add(j * t.a_stride),
+                    t.nb * a_blocks * quant::A8_BYTES,
+                )
+            };
+            let v = vec_dot_a8(ty, t.nb, group, i % GROUP, quant::a8_blocks(a));
+            // SAFETY: the caller guarantees the outputs are writable.
+            unsafe { *t.out.add(j * t.out_stride + i) = v };
+        }
+    }
+}
+
+macro_rules! rows16_a8_entry {
+    ($name:ident, $ty:ident) => {
+        /// Scalar tier: Rows16 · A8, the reference.
+        ///
+        /// # Safety
+        ///
+        /// As [`rows16_a8_tile`].
+        pub unsafe fn $name(t: &Tile) {
+            unsafe { rows16_a8_tile(quant::GgmlType::$ty, t) }
+        }
+    };
+}
+
+rows16_a8_entry!(q4_0_rows16_a8, Q4_0);
+rows16_a8_entry!(q4_1_rows16_a8, Q4_1);
+rows16_a8_entry!(q5_0_rows16_a8, Q5_0);
+rows16_a8_entry!(q8_0_rows16_a8, Q8_0);
+rows16_a8_entry!(q4_K_rows16_a8, Q4_K);
+
+/// Scalar tier of [`super::QuantizeFn`] for A8: the reference quantizer.
+///
+/// # Safety
+///
+/// None beyond the slice contract.
+pub unsafe fn quantize_a8(x: &[f32], y: &mut [u8]) {
+    quant::quantize_row_a8(x, quant::a8_blocks_mut(y));
+}
+
 /// Scalar tier of [`super::QuantizeFn`] for A16: the reference quantizer.
 ///
 /// # Safety
@@ -288,11 +345,19 @@ pub fn fns() -> TierFns {
     dots_rows16[T::Q8_0 as usize] = Some(q8_0_rows16);
     dots_rows16[T::Q4_K as usize] = Some(q4_K_rows16);
     dots_rows16[T::Q6_K as usize] = Some(q6_K_rows16);
+    let mut dots_rows16_a8: [Option<super::DotTileFn>; 15] = [None; 15];
+    dots_rows16_a8[T::Q4_0 as usize] = Some(q4_0_rows16_a8);
+    dots_rows16_a8[T::Q4_1 as usize] = Some(q4_1_rows16_a8);
+    dots_rows16_a8[T::Q5_0 as usize] = Some(q5_0_rows16_a8);
+    dots_rows16_a8[T::Q8_0 as usize] = Some(q8_0_rows16_a8);
+    dots_rows16_a8[T::Q4_K as usize] = Some(q4_K_rows16_a8);
     TierFns {
         dots,
         dots_a16,
         dots_rows16,
+        dots_rows16_a8,
         quantize_a16,
+        quantize_a8,
         quantize_q8_0,
         quantize_q8_1,
         quantize_q8_K,

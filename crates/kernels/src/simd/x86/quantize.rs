@@ -1,5 +1,5 @@
-//! SIMD activation quantizers A16, Q8_0 and Q8_1, byte-identical to the reference twins
-//! [`crate::quant::quantize_row_a16`], [`crate::quant::quantize_row_q8_0`] and
+//! SIMD activation quantizers A16, A8, Q8_0 and Q8_1, byte-identical to the reference twins
+//! [`crate::quant::quantize_row_a16`], [`crate::quant::quantize_row_a8`], [`crate::quant::quantize_row_q8_0`] and
 //! [`crate::quant::quantize_row_q8_1`] — and the f32 dot product.
 //!
 //! Same f32 operations as the reference: `amax` by `max`, `d = amax / 127`, `id = 1 / d` (0 for
@@ -130,15 +130,70 @@ pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
 /// 12-bit range the AMX digit split is exact on.
 #[inline(always)]
 unsafe fn a16_quants(x: __m256, id: __m256) -> __m256i {
+    unsafe { clamped_quants(x, id, crate::quant::A16_QMAX as i32) }
+}
+
+/// `round_ties_even(x · id)` as i32 lanes, a NaN as 0, clamped to `±top`.
+#[inline(always)]
+unsafe fn clamped_quants(x: __m256, id: __m256, top: i32) -> __m256i {
     unsafe {
         let p = _mm256_mul_ps(x, id);
         let ordered = _mm256_castps_si256(_mm256_cmp_ps(p, p, _CMP_ORD_Q));
         let q = _mm256_and_si256(_mm256_cvtps_epi32(p), ordered);
-        let top = crate::quant::A16_QMAX as i32;
         _mm256_min_epi32(
             _mm256_max_epi32(q, _mm256_set1_epi32(-top)),
             _mm256_set1_epi32(top),
         )
+    }
+}
+
+/// A8 (`d(f32) s(f32) sum(i32) qs[32](i8)` in pair order, 44 bytes a block): `d = amax / 127`,
+/// `q = round_ties_even(x · (1 / d))` clamped to ±127, as the reference
+/// [`crate::quant::quantize_row_a8`]; the natural-order bytes are interleaved by 16-bit pairs
+/// (columns `2c, 2c + 1` then `16 + 2c, 17 + 2c`).
+#[inline(always)]
+pub unsafe fn quantize_a8(x: &[f32], y: &mut [u8]) {
+    use crate::quant::a8::{A8_BYTES, A8_QMAX, A8_QS};
+    debug_assert_eq!(x.len() / 32 * A8_BYTES, y.len());
+    for (xb, yb) in x.chunks_exact(32).zip(y.chunks_exact_mut(A8_BYTES)) {
+        unsafe {
+            let p = xb.as_ptr();
+            let v = [
+                _mm256_loadu_ps(p),
+                _mm256_loadu_ps(p.add(8)),
+                _mm256_loadu_ps(p.add(16)),
+                _mm256_loadu_ps(p.add(24)),
+            ];
+            let d = abs_max_32(&v) / A8_QMAX as f32;
+            let id = _mm256_set1_ps(crate::quant::a16_inverse_scale(d));
+            let q = [
+                clamped_quants(v[0], id, A8_QMAX),
+                clamped_quants(v[1], id, A8_QMAX),
+                clamped_quants(v[2], id, A8_QMAX),
+                clamped_quants(v[3], id, A8_QMAX),
+            ];
+            let sum = hsum_epi32(_mm256_add_epi32(
+                _mm256_add_epi32(q[0], q[1]),
+                _mm256_add_epi32(q[2], q[3]),
+            ));
+            // i32 -> i8 in column order (the packs interleave 128-bit lanes, the permute
+            // undoes it), then columns 0..16 and 16..32 interleaved by pairs.
+            let p8 = _mm256_packs_epi16(
+                _mm256_packs_epi32(q[0], q[1]),
+                _mm256_packs_epi32(q[2], q[3]),
+            );
+            let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            let (lo, hi) = (
+                _mm256_castsi256_si128(p8),
+                _mm256_extracti128_si256::<1>(p8),
+            );
+            let out = yb.as_mut_ptr();
+            _mm_storeu_si128(out.add(A8_QS).cast(), _mm_unpacklo_epi16(lo, hi));
+            _mm_storeu_si128(out.add(A8_QS + 16).cast(), _mm_unpackhi_epi16(lo, hi));
+            yb[..4].copy_from_slice(&d.to_le_bytes());
+            yb[4..8].copy_from_slice(&(sum as f32 * d).to_le_bytes());
+            yb[8..12].copy_from_slice(&sum.to_le_bytes());
+        }
     }
 }
 

@@ -43,7 +43,7 @@ const PREFETCH: usize = 4096;
 /// flight. One line per group-block (the rest left to the hardware prefetcher) measured
 /// 1.3–1.8× slower on one-row matmuls from DRAM.
 #[inline(always)]
-unsafe fn prefetch_ahead(p: *const u8, len: usize) {
+pub(super) unsafe fn prefetch_ahead(p: *const u8, len: usize) {
     let mut o = 0;
     while o < len {
         // SAFETY: a prefetch never faults, whatever the address.

@@ -10,7 +10,7 @@
 
 use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, amx, attn, kquants, q32, quantize, rows16};
+use super::{a16, amx, attn, kquants, q32, quantize, rows16, rows16_a8};
 use crate::quant::GgmlType;
 use crate::simd::attn::{AccRows, AttnTile, DotRows};
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
@@ -19,7 +19,7 @@ use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 /// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
 /// rows per block).
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $a8:literal) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -109,6 +109,14 @@ macro_rules! tier {
             #[target_feature(enable = $features)]
             pub unsafe fn quantize_a16(x: &[f32], y: &mut [u8]) {
                 unsafe { quantize::quantize_a16(x, y) }
+            }
+
+            /// # Safety
+            ///
+            /// As [`crate::simd::QuantizeFn`], with this tier's CPU features.
+            #[target_feature(enable = $features)]
+            pub unsafe fn quantize_a8(x: &[f32], y: &mut [u8]) {
+                unsafe { quantize::quantize_a8(x, y) }
             }
 
             /// # Safety
@@ -249,6 +257,10 @@ macro_rules! tier {
                 set(GgmlType::Q4_K, q4_K_rows16);
                 set(GgmlType::Q6_K, q6_K_rows16);
                 t.quantize_a16 = quantize_a16;
+                t.quantize_a8 = quantize_a8;
+                // The A8 kernels are AVX-512 only; a 256-bit tier keeps none (not the scalar
+                // references), so its weights run against A16.
+                t.dots_rows16_a8 = if $a8 { rows16_a8::table() } else { [None; 15] };
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
                 t.dot_f32 = dot_f32;
@@ -275,7 +287,8 @@ tier!(
     rows16::Y256<rows16::MaddAdd>,
     F32x8,
     2,
-    1
+    1,
+    false
 );
 tier!(
     avx_vnni,
@@ -284,7 +297,8 @@ tier!(
     rows16::Y256<rows16::VexDpwssd>,
     F32x8,
     2,
-    1
+    1,
+    false
 );
 tier!(
     avx512_vnni,
@@ -293,7 +307,8 @@ tier!(
     rows16::Z512,
     F32x16,
     1,
-    4
+    4,
+    true
 );
 
 /// The AMX tier: the AVX-512 VNNI tier's kernels, plus the AMX int8 matmul of Rows16 weights
