@@ -52,6 +52,9 @@ pub struct BenchModelArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Bits of the activation quants the integer matmuls take: 12 (default) or 8.
+    #[arg(long, value_enum, default_value = "12")]
+    pub activation_bits: crate::engine_args::ActivationBits,
     /// What the KV cache stores per element (f16 by default, as llama.cpp's; f32 is the
     /// reference numerics).
     #[arg(long, value_enum, default_value = "f16")]
@@ -71,7 +74,7 @@ struct Outcome {
 }
 
 pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
-    crate::init_threads(args.threads);
+    crate::init_threads(args.threads, args.activation_bits);
     let path = crate::model_path::resolve(args.model.clone())?;
     let model = Model::open(&path)?;
     let (n_layers, hidden) = match &model {

@@ -47,6 +47,23 @@ impl From<KvDtypeArg> for KvDtype {
     }
 }
 
+/// `--activation-bits`: the precision the quantized matmuls quantize activations to (shared by
+/// every command that runs the model).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ActivationBits {
+    /// 12-bit quants per block of 32 (A16): the top-1 logprob within ~0.014 of fp32 on the
+    /// default model. The default.
+    #[default]
+    #[value(name = "12")]
+    Twelve,
+    /// 8-bit quants per block of 32 (A8, as llama.cpp's Q8 activations): twice the integer
+    /// multiply-adds per instruction on AVX-512 VNNI for Rows16 Q4_0/Q4_1/Q8_0/Q4_K weights
+    /// (faster prefill and batched decode), at less fidelity (see BENCHMARKS.md); tiers
+    /// without 8-bit kernels keep 12.
+    #[value(name = "8")]
+    Eight,
+}
+
 #[derive(clap::Args, Clone, Debug)]
 pub struct EngineArgs {
     /// GGUF file, Hugging Face folder, or Hugging Face id `ORG/NAME[:QUANT]` from the local
@@ -99,6 +116,9 @@ pub struct EngineArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Bits of the activation quants the integer matmuls take: 12 (default) or 8.
+    #[arg(long, value_enum, default_value = "12")]
+    pub activation_bits: ActivationBits,
 }
 
 /// `--speculative-config` as given (resolved with `--speculative-model` by
@@ -251,7 +271,7 @@ impl EngineArgs {
 
     /// Loads the model and launches the engine. Returns the handle and the model path.
     pub fn start(&self) -> anyhow::Result<(EngineHandle, PathBuf)> {
-        crate::init_threads(self.threads);
+        crate::init_threads(self.threads, self.activation_bits);
         let config = self.config()?;
         let path = crate::model_path::resolve(self.model.clone())?;
         let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;

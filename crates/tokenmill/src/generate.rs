@@ -53,6 +53,9 @@ pub struct GenerateArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Bits of the activation quants the integer matmuls take: 12 (default) or 8.
+    #[arg(long, value_enum, default_value = "12")]
+    pub activation_bits: crate::engine_args::ActivationBits,
     /// What the KV cache stores per element (f16 by default, as llama.cpp's; f32 is the
     /// reference numerics).
     #[arg(long, value_enum, default_value = "f16")]
@@ -68,7 +71,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if args.max_tokens == 0 {
         bail!("--max-tokens must be at least 1");
     }
-    crate::init_threads(args.threads);
+    crate::init_threads(args.threads, args.activation_bits);
     let path = crate::model_path::resolve(args.model.clone())?;
     let tokenizer = crate::model_path::tokenizer(&path)?;
     for warning in tokenizer.warnings() {

@@ -94,21 +94,41 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Sizes the kernels' thread pool before first use (default: every core), and fixes the
-/// kernel tier when `TOKENMILL_KERNELS` names one (`amx`, `avx512-vnni`, `avx-vnni`, `avx2`,
-/// `scalar`; default: the best this CPU supports).
-pub fn init_threads(threads: Option<usize>) {
+/// kernel table: its tier when `TOKENMILL_KERNELS` names one (`amx`, `avx512-vnni`,
+/// `avx-vnni`, `avx2`, `scalar`; default: the best this CPU supports), and 8-bit activations
+/// for `--activation-bits 8`.
+pub fn init_threads(threads: Option<usize>, bits: engine_args::ActivationBits) {
+    use tokenmill_kernels::dispatch::{Tier, init_kernels_with, kernels};
     if let Some(n) = threads
         && !tokenmill_kernels::pool::set_num_threads(n.max(1))
     {
         eprintln!("warning: the thread pool was already started; --threads {n} is ignored");
     }
-    if let Ok(name) = std::env::var("TOKENMILL_KERNELS") {
-        use tokenmill_kernels::dispatch::{Tier, init_kernels};
-        match Tier::from_name(&name) {
-            Some(t) if init_kernels(t) => {}
-            Some(t) => eprintln!("warning: TOKENMILL_KERNELS={t}: not supported here; ignored"),
-            None => eprintln!("warning: TOKENMILL_KERNELS={name}: no such kernel tier; ignored"),
+    let a8 = bits == engine_args::ActivationBits::Eight;
+    let named = std::env::var("TOKENMILL_KERNELS").ok();
+    if named.is_none() && !a8 {
+        return;
+    }
+    let tier = match named.as_deref().map(|n| (n, Tier::from_name(n))) {
+        Some((_, Some(t))) if t.is_supported() => t,
+        Some((_, Some(t))) => {
+            eprintln!("warning: TOKENMILL_KERNELS={t}: not supported here; ignored");
+            Tier::best()
         }
+        Some((name, None)) => {
+            eprintln!("warning: TOKENMILL_KERNELS={name}: no such kernel tier; ignored");
+            Tier::best()
+        }
+        None => Tier::best(),
+    };
+    if !init_kernels_with(tier, a8) {
+        eprintln!("warning: the kernel table was already chosen; {tier} is ignored");
+    }
+    if a8 && !kernels().runs_a8() {
+        eprintln!(
+            "warning: --activation-bits 8: the {} tier has no 8-bit kernels; activations stay 12-bit",
+            kernels().tier()
+        );
     }
 }
 
@@ -116,12 +136,17 @@ pub fn init_threads(threads: Option<usize>) {
 pub fn kernels_summary() -> String {
     use tokenmill_kernels::dispatch::{Tier, kernels};
     let tier = kernels().tier();
-    match Tier::amx_status() {
+    let summary = match Tier::amx_status() {
         _ if tier == Tier::Amx => format!(
             "{tier} (AMX int8 tiles from {} rows a matmul)",
             tokenmill_kernels::matmul::AMX_MIN_ROWS
         ),
         Ok(()) => format!("{tier} (AMX available; TOKENMILL_KERNELS chose {tier})"),
         Err(why) => format!("{tier} (no AMX: {why})"),
+    };
+    if kernels().runs_a8() {
+        format!("{summary}, 8-bit activations")
+    } else {
+        summary
     }
 }

@@ -38,6 +38,9 @@ pub struct PerplexityArgs {
     /// Worker threads for the kernels (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Bits of the activation quants the integer matmuls take: 12 (default) or 8.
+    #[arg(long, value_enum, default_value = "12")]
+    pub activation_bits: crate::engine_args::ActivationBits,
     /// What the KV cache stores per element (f16 by default, as llama.cpp's; f32 is the
     /// reference numerics).
     #[arg(long, value_enum, default_value = "f16")]
@@ -89,7 +92,7 @@ fn nll(logits: &[f32], target: usize) -> f64 {
 }
 
 pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
-    crate::init_threads(args.threads);
+    crate::init_threads(args.threads, args.activation_bits);
     if args.ctx_size < 4 {
         bail!("--ctx-size must be at least 4");
     }
@@ -99,6 +102,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
     let path = crate::model_path::resolve(args.model.clone())?;
     let tokenizer = crate::model_path::tokenizer(&path)?;
     let model = Model::open(&path).with_context(|| format!("loading {}", path.display()))?;
+    eprintln!("kernels: {}", crate::kernels_summary());
     if args.ctx_size > model.context_length() {
         bail!(
             "--ctx-size {} is longer than the model's context ({})",

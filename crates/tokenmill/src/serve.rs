@@ -169,7 +169,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    crate::init_threads(args.engine.threads);
+    crate::init_threads(args.engine.threads, args.engine.activation_bits);
     let model = crate::model_path::resolve(args.engine.model.clone())?;
     let id = args
         .engine
