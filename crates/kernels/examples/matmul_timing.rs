@@ -55,6 +55,7 @@ fn main() {
         (GgmlType::Q5_0, 1536, 576),
         (GgmlType::Q4_K, 1536, 768),
         (GgmlType::Q4_K, 768, 1536),
+        (GgmlType::Q6_K, 1536, 768),
     ] {
         if only.is_some_and(|t| !t.eq_ignore_ascii_case(&ty.to_string())) {
             continue;

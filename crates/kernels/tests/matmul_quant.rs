@@ -336,13 +336,14 @@ fn global_matmul_entry_point_and_empty_inputs() {
     matmul(&[], &case.matrix(), &mut empty);
 }
 
-/// The Rows16 types with an A8 reference (`rows16::vec_dot_a8`).
-const A8_TYPES: [GgmlType; 5] = [
+/// The Rows16 types, all with an A8 reference (`rows16::vec_dot_a8`).
+const A8_TYPES: [GgmlType; 6] = [
     GgmlType::Q4_0,
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::Q8_0,
     GgmlType::Q4_K,
+    GgmlType::Q6_K,
 ];
 
 /// The A8 reference of one output: `vec_dot_a8` of the packed row and the scalar A8 quants.

@@ -1,5 +1,5 @@
-//! A8: tokenmill's 8-bit activation format, the opt-in partner of the Rows16 Q4_0 / Q4_1 / Q8_0
-//! weights (`--activation-bits 8`), with its reference quantizer and dequantizer. The Rows16
+//! A8: tokenmill's 8-bit activation format, the opt-in partner of the Rows16 Q4_0 / Q4_1 /
+//! Q8_0 / Q4_K / Q6_K weights (`--activation-bits 8`), with its reference quantizer and dequantizer. The Rows16
 //! reference dot is [`crate::quant::rows16::vec_dot_a8`].
 //!
 //! Why: A16's 12-bit quants multiply with `vpdpwssd` (two i16 pairs a lane); 8-bit quants
@@ -9,10 +9,9 @@
 //! docs give what that does to the default model's logits). A16 stays the default.
 //!
 //! Layout of a block of 32 values (44 bytes, alignment 1): `d: f32` scale, `s: f32 = d · Σ q`
-//! (for Q4_1's offset), `sum: i32 = Σ q` (for the offsets of Q4_0 and Q8_0, exact), `qs: [i8;
-//! 32]`, all little-endian. The quants are in **pair order**, the order a Rows16 nibble chunk
-//! widens into: bytes `4c..4c + 4` hold columns `2c, 2c + 1, 16 + 2c, 17 + 2c` (`c < 8`), so
-//! one broadcast dword meets one 32-bit lane of (row, those four columns).
+//! (for the offsets of Q4_1 and Q4_K), `sums: [i16; 2]`, the exact `Σ q` of columns 0..16 and
+//! 16..32 (for the zero points the kernels add to Q4_0, Q8_0 and each 16-column half of Q6_K),
+//! `qs: [i8; 32]` in column order, all little-endian.
 //!
 //! Quantization: `d = amax / 127`, `q = round_ties_even(x · (1 / d))` clamped to ±127; an
 //! all-zero block (or one whose `1 / d` is not finite) has `q = 0`. Error per element: at most
@@ -31,9 +30,9 @@ pub struct BlockA8 {
     pub d: [u8; 4],
     /// `d · Σ q`, a little-endian f32.
     pub s: [u8; 4],
-    /// `Σ q`, a little-endian i32.
-    pub sum: [u8; 4],
-    /// Quants (i8) in pair order ([`a8_column`]).
+    /// `Σ q` of columns 0..16 and 16..32, little-endian i16s.
+    pub sums: [u8; 4],
+    /// Quants (i8), in column order.
     pub qs: [u8; QK],
 }
 
@@ -42,17 +41,12 @@ pub const A8_QMAX: i32 = 127;
 
 /// Bytes of one [`BlockA8`].
 pub const A8_BYTES: usize = 44;
+/// Offset of the half sums in a block.
+pub const A8_SUMS: usize = 8;
 /// Offset of the quants in a block.
 pub const A8_QS: usize = 12;
 const _: () = assert!(size_of::<BlockA8>() == A8_BYTES);
 const _: () = assert!(align_of::<BlockA8>() == 1);
-
-/// The column of a block that quant byte `p` holds (pair order).
-#[inline]
-pub const fn a8_column(p: usize) -> usize {
-    let (c, e) = (p / 4, p % 4);
-    if e < 2 { 2 * c + e } else { 16 + 2 * c + e - 2 }
-}
 
 impl BlockA8 {
     /// The scale.
@@ -67,19 +61,24 @@ impl BlockA8 {
         f32::from_le_bytes(self.s)
     }
 
+    /// `Σ q` of columns 0..16 and of 16..32.
+    #[inline]
+    pub fn half_sums(&self) -> [i32; 2] {
+        [
+            i16::from_le_bytes([self.sums[0], self.sums[1]]) as i32,
+            i16::from_le_bytes([self.sums[2], self.sums[3]]) as i32,
+        ]
+    }
+
     /// `Σ q`.
     #[inline]
     pub fn sum(&self) -> i32 {
-        i32::from_le_bytes(self.sum)
+        self.half_sums().iter().sum()
     }
 
-    /// The 32 quants in column order.
+    /// The 32 quants.
     pub fn quants(&self) -> [i32; QK] {
-        let mut q = [0; QK];
-        for (p, &b) in self.qs.iter().enumerate() {
-            q[a8_column(p)] = b as i8 as i32;
-        }
-        q
+        self.qs.map(|b| b as i8 as i32)
     }
 }
 
@@ -105,20 +104,21 @@ pub fn quantize_row_a8(x: &[f32], y: &mut [BlockA8]) {
         let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = amax / A8_QMAX as f32;
         let id = a16_inverse_scale(d);
-        let mut sum = 0i32;
-        for (p, q) in b.qs.iter_mut().enumerate() {
+        let mut sums = [0i32; 2];
+        for (i, (q, &v)) in b.qs.iter_mut().zip(x).enumerate() {
             // A NaN becomes 0 (`as` saturates and maps NaN to 0).
-            let qi = ((x[a8_column(p)] * id).round_ties_even() as i32).clamp(-A8_QMAX, A8_QMAX);
-            sum += qi;
+            let qi = ((v * id).round_ties_even() as i32).clamp(-A8_QMAX, A8_QMAX);
+            sums[i / 16] += qi;
             *q = qi as i8 as u8;
         }
         b.d = d.to_le_bytes();
-        b.s = (sum as f32 * d).to_le_bytes();
-        b.sum = sum.to_le_bytes();
+        b.s = ((sums[0] + sums[1]) as f32 * d).to_le_bytes();
+        let [lo, hi] = sums.map(|s| (s as i16).to_le_bytes());
+        b.sums = [lo[0], lo[1], hi[0], hi[1]];
     }
 }
 
-/// `y = q · d`, in column order.
+/// `y = q · d`.
 pub fn dequantize_row_a8(x: &[BlockA8], dst: &mut [f32]) {
     debug_assert_eq!(dst.len(), QK * x.len());
     for (b, y) in x.iter().zip(dst.chunks_exact_mut(QK)) {
@@ -135,26 +135,13 @@ mod tests {
     use crate::quant::testing::SplitMix64;
 
     #[test]
-    fn pair_order_is_a_permutation() {
-        let mut seen = [false; QK];
-        for p in 0..QK {
-            assert!(!seen[a8_column(p)], "column {} twice", a8_column(p));
-            seen[a8_column(p)] = true;
-        }
-        assert_eq!(
-            (0..8).map(a8_column).collect::<Vec<_>>(),
-            [0, 1, 16, 17, 2, 3, 18, 19]
-        );
-    }
-
-    #[test]
     fn quantize_error_is_half_a_step_and_sums_agree() {
         let mut rng = SplitMix64::new(8);
         let x: Vec<f32> = (0..4 * QK).map(|_| rng.next_f32() * 6.0 - 3.0).collect();
         let mut y = [BlockA8 {
             d: [0; 4],
             s: [0; 4],
-            sum: [0; 4],
+            sums: [0; 4],
             qs: [0; QK],
         }; 4];
         quantize_row_a8(&x, &mut y);
@@ -172,7 +159,11 @@ mod tests {
                     "{v} came back as {r}"
                 );
             }
-            assert_eq!(b.sum(), b.quants().iter().sum::<i32>());
+            let q = b.quants();
+            assert_eq!(
+                b.half_sums(),
+                [q[..16].iter().sum::<i32>(), q[16..].iter().sum::<i32>()]
+            );
             assert_eq!(b.s(), b.sum() as f32 * b.d());
         }
     }
@@ -182,7 +173,7 @@ mod tests {
         let mut y = [BlockA8 {
             d: [1; 4],
             s: [1; 4],
-            sum: [1; 4],
+            sums: [1; 4],
             qs: [1; QK],
         }];
         quantize_row_a8(&[0.0; QK], &mut y);

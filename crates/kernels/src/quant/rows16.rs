@@ -451,9 +451,10 @@ pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Bloc
 }
 
 /// The reference dot of lane `lane` of a Rows16 group (`nb` group-blocks of Q4_0, Q4_1, Q5_0,
-/// Q8_0 or Q4_K) with A8 activations `a` ([`crate::quant::a8`]): per 32-column block the exact
-/// `sumi = Σ (q_w − offset) · q_a`, then `d_w · d_a · sumi` (Q4_1: `+ m · s_a`; Q4_K: each
-/// sub-block as [`k4_dot`] does with A16). The plain twin of the A8 SIMD kernels.
+/// Q8_0, Q4_K or Q6_K) with A8 activations `a` ([`crate::quant::a8`]): per 32-column block the
+/// exact `sumi = Σ (q_w − offset) · q_a`, then `d_w · d_a · sumi` (Q4_1: `+ m · s_a`; Q4_K
+/// and Q6_K: each sub-block as [`k4_dot`] and [`k6_dot`] do with A16). The plain twin of the
+/// A8 SIMD kernels.
 ///
 /// Panics for another type, or if a length does not fit.
 pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[BlockA8]) -> f32 {
@@ -463,6 +464,7 @@ pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Block
     let offset = match ty {
         GgmlType::Q4_0 => 8,
         GgmlType::Q5_0 => 16,
+        GgmlType::Q6_K => 32,
         _ => 0,
     };
     let mut sumf = 0f32;
@@ -471,32 +473,34 @@ pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Block
         let d = f16_at(gb, 2 * lane);
         for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
             let qa = ba.quants();
-            let sumi: i32 = (0..QK)
-                .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k])
-                .sum();
+            let half = |h: usize| -> i32 {
+                (16 * h..16 * h + 16)
+                    .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k])
+                    .sum()
+            };
+            let sumi = half(0) + half(1);
+            let da = ba.d();
             sumf += match ty {
-                GgmlType::Q4_1 => {
-                    d * ba.d() * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s()
-                }
+                GgmlType::Q4_1 => d * da * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s(),
                 GgmlType::Q4_K => {
                     let (sc, m) = get_scale_min_k4(j, &k4_scale_bytes(gb, lane));
                     let dmin = f16_at(gb, Q4_K_DMIN + 2 * lane);
-                    (d * sc as f32) * ba.d() * sumi as f32 + (dmin * m as f32) * -ba.s()
+                    (d * sc as f32) * da * sumi as f32 + (dmin * m as f32) * -ba.s()
                 }
-                _ => d * ba.d() * sumi as f32,
+                GgmlType::Q6_K => {
+                    let sc = |h: usize| gb[Q6_K_SCALES + GROUP * (2 * j + h) + lane] as i8 as f32;
+                    (d * sc(0)) * da * half(0) as f32 + (d * sc(1)) * da * half(1) as f32
+                }
+                _ => d * da * sumi as f32,
             };
         }
     }
     sumf
 }
 
-/// Whether Rows16 `ty` has an A8 dot ([`vec_dot_a8`]): the formats whose 32-column blocks
-/// have one scale (Q6_K's two 16-column halves would need split sums).
+/// Whether Rows16 `ty` has an A8 dot ([`vec_dot_a8`]): every Rows16 format.
 pub fn supports_a8(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K
-    )
+    supports(ty)
 }
 
 /// One Q4_K sub-block's term against an A16 block: `d·sc · d_a · sumi + dmin·m · (−s_a)`,
@@ -608,7 +612,7 @@ mod tests {
             let zero = BlockA8 {
                 d: [0; 4],
                 s: [0; 4],
-                sum: [0; 4],
+                sums: [0; 4],
                 qs: [0; QK],
             };
             let mut a = vec![zero; cols / QK];

@@ -245,6 +245,7 @@ rows16_a8_entry!(q4_1_rows16_a8, Q4_1);
 rows16_a8_entry!(q5_0_rows16_a8, Q5_0);
 rows16_a8_entry!(q8_0_rows16_a8, Q8_0);
 rows16_a8_entry!(q4_K_rows16_a8, Q4_K);
+rows16_a8_entry!(q6_K_rows16_a8, Q6_K);
 
 /// Scalar tier of [`super::QuantizeFn`] for A8: the reference quantizer.
 ///
@@ -351,6 +352,7 @@ pub fn fns() -> TierFns {
     dots_rows16_a8[T::Q5_0 as usize] = Some(q5_0_rows16_a8);
     dots_rows16_a8[T::Q8_0 as usize] = Some(q8_0_rows16_a8);
     dots_rows16_a8[T::Q4_K as usize] = Some(q4_K_rows16_a8);
+    dots_rows16_a8[T::Q6_K as usize] = Some(q6_K_rows16_a8);
     TierFns {
         dots,
         dots_a16,

@@ -147,10 +147,9 @@ unsafe fn clamped_quants(x: __m256, id: __m256, top: i32) -> __m256i {
     }
 }
 
-/// A8 (`d(f32) s(f32) sum(i32) qs[32](i8)` in pair order, 44 bytes a block): `d = amax / 127`,
-/// `q = round_ties_even(x · (1 / d))` clamped to ±127, as the reference
-/// [`crate::quant::quantize_row_a8`]; the natural-order bytes are interleaved by 16-bit pairs
-/// (columns `2c, 2c + 1` then `16 + 2c, 17 + 2c`).
+/// A8 (`d(f32) s(f32) sums[2](i16) qs[32](i8)`, 44 bytes a block): `d = amax / 127`,
+/// `q = round_ties_even(x · (1 / d))` clamped to ±127, `Σ q` of each 16-column half, as the
+/// reference [`crate::quant::quantize_row_a8`].
 #[inline(always)]
 pub unsafe fn quantize_a8(x: &[f32], y: &mut [u8]) {
     use crate::quant::a8::{A8_BYTES, A8_QMAX, A8_QS};
@@ -172,27 +171,19 @@ pub unsafe fn quantize_a8(x: &[f32], y: &mut [u8]) {
                 clamped_quants(v[2], id, A8_QMAX),
                 clamped_quants(v[3], id, A8_QMAX),
             ];
-            let sum = hsum_epi32(_mm256_add_epi32(
-                _mm256_add_epi32(q[0], q[1]),
-                _mm256_add_epi32(q[2], q[3]),
-            ));
-            // i32 -> i8 in column order (the packs interleave 128-bit lanes, the permute
-            // undoes it), then columns 0..16 and 16..32 interleaved by pairs.
+            let lo = hsum_epi32(_mm256_add_epi32(q[0], q[1]));
+            let hi = hsum_epi32(_mm256_add_epi32(q[2], q[3]));
+            // i32 -> i8 in column order: the packs interleave 128-bit lanes, the permute undoes it.
             let p8 = _mm256_packs_epi16(
                 _mm256_packs_epi32(q[0], q[1]),
                 _mm256_packs_epi32(q[2], q[3]),
             );
             let p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-            let (lo, hi) = (
-                _mm256_castsi256_si128(p8),
-                _mm256_extracti128_si256::<1>(p8),
-            );
-            let out = yb.as_mut_ptr();
-            _mm_storeu_si128(out.add(A8_QS).cast(), _mm_unpacklo_epi16(lo, hi));
-            _mm_storeu_si128(out.add(A8_QS + 16).cast(), _mm_unpackhi_epi16(lo, hi));
+            _mm256_storeu_si256(yb.as_mut_ptr().add(A8_QS).cast(), p8);
             yb[..4].copy_from_slice(&d.to_le_bytes());
-            yb[4..8].copy_from_slice(&(sum as f32 * d).to_le_bytes());
-            yb[8..12].copy_from_slice(&sum.to_le_bytes());
+            yb[4..8].copy_from_slice(&((lo + hi) as f32 * d).to_le_bytes());
+            yb[8..10].copy_from_slice(&(lo as i16).to_le_bytes());
+            yb[10..12].copy_from_slice(&(hi as i16).to_le_bytes());
         }
     }
 }

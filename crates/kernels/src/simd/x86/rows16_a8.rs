@@ -1,17 +1,19 @@
-//! Rows16 Q4_0 / Q4_1 / Q8_0 / Q4_K weights × [A8](crate::quant::a8) activations on AVX-512
-//! VNNI: `vpdpbusd`, four u8 × i8 products a lane, twice the multiply-adds per instruction of
-//! the A16 kernels' `vpdpwssd` ([`super::rows16`]). Only for weights of a model loaded with
+//! Rows16 Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights × [A8](crate::quant::a8) activations on
+//! AVX-512 VNNI: `vpdpbusd`, four u8 × i8 products a lane, twice the multiply-adds per
+//! instruction of the A16 kernels' `vpdpwssd` ([`super::rows16`]). Only for a model run with
 //! `--activation-bits 8`.
 //!
-//! A 32-byte nibble chunk `c` of a group-block (byte `2r + e`: column `2c + e` low, `16 + 2c +
-//! e` high) widens into one register of 16 lanes × four u8 weights: `x = zext16→32(chunk)`,
-//! `w = (x | x << 12) & 0x0F0F0F0F` puts columns `2c, 2c + 1, 16 + 2c, 17 + 2c` in bytes 0..4
-//! of lane `r` — A8's pair order, so one broadcast dword of activations meets it. Q8_0 chunks
-//! `c` and `c + 8` make the same four columns, `(x_c | x_{c+8} << 16) ^ 0x80808080`: the i8
-//! weights biased to u8 (`vpdpbusd`'s first operand is unsigned). Each block's exact integer
-//! sum then drops the bias, `− 8 · Σ q_a` (Q4_0) or `− 128 · Σ q_a` (Q8_0), from the A8
-//! block's `sum`, and meets the scales in one FMA as in the A16 kernels; Q4_1 adds `m_w · s_a`,
-//! Q4_K runs each 32-column sub-block as a Q4_1 block of scale `d·sc` and offset `−dmin·m`.
+//! Nibble chunks `2k` and `2k + 1` of a group-block (byte `2r + e` of chunk `c`: column
+//! `2c + e` low, `16 + 2c + e` high) widen into two registers of 16 lanes × four u8 weights:
+//! `x = zext(chunk 2k) | zext(chunk 2k + 1) << 16` per lane, `x & 0x0F0F0F0F` holds columns
+//! `4k..4k + 4` and `(x >> 4) & 0x0F0F0F0F` columns `16 + 4k..` — the activations' own
+//! order, so one broadcast dword meets each. Q8_0 chunks `2k, 2k + 1` make columns `4k..4k + 4`
+//! the same way, `^ 0x80808080`: the i8 weights biased to u8 (`vpdpbusd`'s first operand is
+//! unsigned). Q6_K ORs in its top two bits from one plane per two chunks. A block's exact
+//! integer sum then drops the bias from the A8 block's sums — `8 · Σ q_a` (Q4_0), `128 · Σ q_a`
+//! (Q8_0), `32 · Σ q_a` of each 16-column half (Q6_K) — and meets the scales in one FMA as in
+//! the A16 kernels; Q4_1 adds `m_w · s_a`, Q4_K runs each 32-column sub-block as a Q4_1
+//! block of scale `d·sc` and offset `−dmin·m`.
 //!
 //! Numerics: as the A16 kernels — exact block sums in i32, converted whole; only the scale
 //! FMAs differ from the reference twin ([`crate::quant::rows16::vec_dot_a8`]).
@@ -21,8 +23,10 @@ use std::arch::x86_64::*;
 
 use super::rows16::{Fmt16, Lanes16, R16Q4_0, R16Q4_1, R16Q8_0, Z512, k4_scales, prefetch_ahead};
 use crate::quant::GgmlType;
-use crate::quant::a8::{A8_BYTES, A8_QS};
-use crate::quant::rows16::{GROUP, Q4_K_SUB_BYTES, quants_offset};
+use crate::quant::a8::{A8_BYTES, A8_QS, A8_SUMS};
+use crate::quant::rows16::{
+    GROUP, Q4_K_SUB_BYTES, Q6_K_HBITS, Q6_K_SCALES, Q6_K_SUB_BYTES, quants_offset,
+};
 use crate::simd::{DotTileFn, MAX_ROWS_16, Tile};
 
 /// `acc += Σ_4 u8(w) · i8(a)` per lane, the activation dword broadcast from `p`.
@@ -43,77 +47,97 @@ unsafe fn vpdpbusd_bcst(acc: __m512i, w: __m512i, p: *const u8) -> __m512i {
     acc
 }
 
-/// Nibble chunk at `p` as 16 lanes of four u8 weights in pair order.
+/// Nibble chunks `2k` and `2k + 1` at `p` as two registers of 16 lanes × four u8 weights:
+/// columns `4k..4k + 4` (the low nibbles) and `16 + 4k..16 + 4k + 4` (the high nibbles).
 #[inline(always)]
-unsafe fn nibble_chunk(p: *const u8) -> __m512i {
+unsafe fn nibble_pair(p: *const u8) -> (__m512i, __m512i) {
     unsafe {
-        let x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
-        // (A | B) & C.
-        _mm512_ternarylogic_epi32::<0xA8>(
-            x,
-            _mm512_slli_epi32(x, 12),
-            _mm512_set1_epi32(0x0F0F_0F0F),
+        let x = chunk_pair(p);
+        let m = _mm512_set1_epi32(0x0F0F_0F0F);
+        (
+            _mm512_and_si512(x, m),
+            _mm512_and_si512(_mm512_srli_epi32(x, 4), m),
         )
     }
 }
 
-/// Q8_0 chunks at `p` and `p + 256` as 16 lanes of four weights `+ 128` in pair order.
+/// The 32-byte chunks at `p` and `p + 32` as 16 lanes of their bytes `2r, 2r + 1` (first
+/// chunk) and `2r, 2r + 1` (second).
 #[inline(always)]
-unsafe fn byte_chunks(p: *const u8) -> __m512i {
+unsafe fn chunk_pair(p: *const u8) -> __m512i {
     unsafe {
         let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
-        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(8 * 2 * GROUP).cast()));
-        // (A | B) ^ C.
-        _mm512_ternarylogic_epi32::<0x56>(
-            lo,
-            _mm512_slli_epi32(hi, 16),
-            _mm512_set1_epi32(0x8080_8080u32 as i32),
-        )
+        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(2 * GROUP).cast()));
+        _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16))
     }
 }
 
-/// The exact `Σ u8(w) · q_a` of one 32-column block at `qs` against the A8 blocks `a[j]`,
-/// into two chains per row when `split` (up to four rows), else one.
+/// Q8_0 chunks `2k` and `2k + 1` at `p` as 16 lanes of columns `4k..4k + 4`, `+ 128` (u8).
+#[inline(always)]
+unsafe fn byte_pair(p: *const u8) -> __m512i {
+    unsafe { _mm512_xor_si512(chunk_pair(p), _mm512_set1_epi32(0x8080_8080u32 as i32)) }
+}
+
+/// The exact `Σ u8(w) · q_a` of one 32-column block at `qs` against the A8 blocks `a[j]`, as
+/// two chains per row (summed) when `split`, else one; or, with `halves`, the sums of columns
+/// 0..16 and 16..32 apart (for nibble formats).
 #[inline(always)]
 unsafe fn sums<const NIBBLES: bool, const NA: usize>(
     qs: *const u8,
     a: &[*const u8; NA],
     split: bool,
-) -> [__m512i; NA] {
+    halves: bool,
+) -> [(__m512i, __m512i); NA] {
     unsafe {
         let mut acc = [(_mm512_setzero_si512(), _mm512_setzero_si512()); NA];
-        for c in 0..8 {
-            let w = if NIBBLES {
-                nibble_chunk(qs.add(2 * GROUP * c))
-            } else {
-                byte_chunks(qs.add(2 * GROUP * c))
-            };
-            for (acc, &a) in acc.iter_mut().zip(a) {
-                let p = a.add(A8_QS + 4 * c);
-                if split && c % 2 == 1 {
-                    acc.1 = vpdpbusd_bcst(acc.1, w, p);
-                } else {
-                    acc.0 = vpdpbusd_bcst(acc.0, w, p);
+        if NIBBLES {
+            for k in 0..4 {
+                let (lo, hi) = nibble_pair(qs.add(4 * GROUP * k));
+                for (acc, &a) in acc.iter_mut().zip(a) {
+                    let p = a.add(A8_QS + 4 * k);
+                    acc.0 = vpdpbusd_bcst(acc.0, lo, p);
+                    if split || halves {
+                        acc.1 = vpdpbusd_bcst(acc.1, hi, p.add(16));
+                    } else {
+                        acc.0 = vpdpbusd_bcst(acc.0, hi, p.add(16));
+                    }
+                }
+            }
+        } else {
+            for k in 0..8 {
+                let w = byte_pair(qs.add(4 * GROUP * k));
+                for (acc, &a) in acc.iter_mut().zip(a) {
+                    let p = a.add(A8_QS + 4 * k);
+                    if split && k % 2 == 1 {
+                        acc.1 = vpdpbusd_bcst(acc.1, w, p);
+                    } else {
+                        acc.0 = vpdpbusd_bcst(acc.0, w, p);
+                    }
                 }
             }
         }
-        // No closures (`array::map`): they would not inherit the target features.
-        let mut out = [_mm512_setzero_si512(); NA];
-        for j in 0..NA {
-            out[j] = if split {
-                _mm512_add_epi32(acc[j].0, acc[j].1)
-            } else {
-                acc[j].0
-            };
+        if split && !halves {
+            // No closures (`array::map`): they would not inherit the target features.
+            for acc in acc.iter_mut() {
+                acc.0 = _mm512_add_epi32(acc.0, acc.1);
+            }
         }
-        out
+        acc
     }
 }
 
-/// `Σ q_a` of the A8 block at `a`, times `bias`, in every lane.
+/// The A8 block at `a`'s `Σ q` of columns 0..16 (`half` 0), 16..32 (1) or all (2), times
+/// `bias`, in every lane.
 #[inline(always)]
-unsafe fn bias(a: *const u8, bias: i32) -> __m512i {
-    unsafe { _mm512_set1_epi32(bias * a.add(8).cast::<i32>().read_unaligned()) }
+unsafe fn bias(a: *const u8, half: usize, bias: i32) -> __m512i {
+    unsafe {
+        let s = |h: usize| a.add(A8_SUMS + 2 * h).cast::<i16>().read_unaligned() as i32;
+        let sum = match half {
+            0 | 1 => s(half),
+            _ => s(0) + s(1),
+        };
+        _mm512_set1_epi32(bias * sum)
+    }
 }
 
 /// The A8 block's `d` and `s` at `a`.
@@ -144,16 +168,16 @@ unsafe fn group32<F: Fmt16, const NA: usize>(t: &Tile, w: *const u8, row0: usize
             let a: [*const u8; NA] =
                 std::array::from_fn(|j| t.a.add(j * t.a_stride + b * A8_BYTES));
             let sumi = if F::NIBBLES {
-                sums::<true, NA>(wb.add(F::QS), &a, NA <= 4)
+                sums::<true, NA>(wb.add(F::QS), &a, NA <= 4, false)
             } else {
-                sums::<false, NA>(wb.add(F::QS), &a, NA <= 4)
+                sums::<false, NA>(wb.add(F::QS), &a, NA <= 4, false)
             };
             let d = Z512::f16(wb);
             for j in 0..NA {
                 let s = match (F::NIBBLES, F::SUB8) {
-                    (true, true) => _mm512_sub_epi32(sumi[j], bias(a[j], 8)),
-                    (true, false) => sumi[j],
-                    (false, _) => _mm512_sub_epi32(sumi[j], bias(a[j], 128)),
+                    (true, true) => _mm512_sub_epi32(sumi[j].0, bias(a[j], 2, 8)),
+                    (true, false) => sumi[j].0,
+                    (false, _) => _mm512_sub_epi32(sumi[j].0, bias(a[j], 2, 128)),
                 };
                 let (da, sa) = d_s(a[j]);
                 acc[j] = Z512::scale(acc[j], s, d, da);
@@ -193,11 +217,82 @@ impl GroupA8 for A8Q4K {
                     prefetch_ahead(wb.add(j * bytes / 8), bytes / 8);
                     let a: [*const u8; NA] =
                         std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
-                    let sumi = sums::<true, NA>(wb.add(qs0 + j * Q4_K_SUB_BYTES), &a, NA <= 4);
+                    let qs = wb.add(qs0 + j * Q4_K_SUB_BYTES);
+                    let sumi = sums::<true, NA>(qs, &a, NA <= 4, false);
                     let (dsc, dm) = k4_scales::<Z512>(wb, j);
                     for r in 0..NA {
                         let (da, sa) = d_s(a[r]);
-                        acc[r] = Z512::offset(Z512::scale(acc[r], sumi[r], dsc, da), dm, -sa);
+                        acc[r] = Z512::offset(Z512::scale(acc[r], sumi[r].0, dsc, da), dm, -sa);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                Z512::store(*acc, t.out.add(r * t.out_stride + row0), n_rows);
+            }
+        }
+    }
+}
+
+/// Rows16 Q6_K against A8: each 32-column chunk two 16-column sub-blocks, summed apart.
+struct A8Q6K;
+
+/// Bytes of a Q6_K group-block.
+const Q6_K_BYTES: usize = GROUP * 210;
+
+impl GroupA8 for A8Q6K {
+    /// The 6-bit quants `q + 32` (u8) of chunk `j`: the nibbles of chunks `2k, 2k + 1` ORed
+    /// with their top two bits from plane `k` (byte `2r + e`: column `2c + e` at bit
+    /// `4 (c % 2)`, column `16 + 2c + e` at bit `4 (c % 2) + 2`), moved to bits 4..6 of each
+    /// byte by two shifts apiece. Each half's exact sum drops `32 · Σ q_a` of its 16 columns
+    /// and meets `d · sc` of its sub-block, `2j` before `2j + 1`, as the reference adds them.
+    #[inline(always)]
+    unsafe fn group<const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
+        unsafe {
+            let n_rows = (t.n_w - row0).min(GROUP);
+            let qs0 = quants_offset(GgmlType::Q6_K);
+            let m2 = _mm512_set1_epi32(0x3030_3030);
+            let mut acc = [_mm512_setzero_ps(); NA];
+            for b in 0..t.nb {
+                let wb = w.add(b * Q6_K_BYTES);
+                let d = Z512::f16(wb);
+                for j in 0..8 {
+                    let qs = wb.add(qs0 + j * Q6_K_SUB_BYTES);
+                    prefetch_ahead(wb.add(j * Q6_K_BYTES / 8), Q6_K_BYTES / 8);
+                    let a: [*const u8; NA] =
+                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
+                    let mut acc_i = [(_mm512_setzero_si512(), _mm512_setzero_si512()); NA];
+                    for k in 0..4 {
+                        let (lo, hi) = nibble_pair(qs.add(4 * GROUP * k));
+                        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                            qs.add(Q6_K_HBITS + 2 * GROUP * k).cast(),
+                        ));
+                        // (A | B) & C.
+                        let hl = _mm512_ternarylogic_epi32::<0xA8>(
+                            _mm512_slli_epi32(h, 4),
+                            _mm512_slli_epi32(h, 16),
+                            m2,
+                        );
+                        let hh = _mm512_ternarylogic_epi32::<0xA8>(
+                            _mm512_slli_epi32(h, 2),
+                            _mm512_slli_epi32(h, 14),
+                            m2,
+                        );
+                        let (lo, hi) = (_mm512_or_si512(lo, hl), _mm512_or_si512(hi, hh));
+                        for (acc, &a) in acc_i.iter_mut().zip(&a) {
+                            let p = a.add(A8_QS + 4 * k);
+                            acc.0 = vpdpbusd_bcst(acc.0, lo, p);
+                            acc.1 = vpdpbusd_bcst(acc.1, hi, p.add(16));
+                        }
+                    }
+                    let dsc = |s: usize| {
+                        Z512::mul_i(d, Z512::load_i8_i32(wb.add(Q6_K_SCALES + GROUP * s)))
+                    };
+                    let (d0, d1) = (dsc(2 * j), dsc(2 * j + 1));
+                    for r in 0..NA {
+                        let (da, _) = d_s(a[r]);
+                        let s0 = _mm512_sub_epi32(acc_i[r].0, bias(a[r], 0, 32));
+                        let s1 = _mm512_sub_epi32(acc_i[r].1, bias(a[r], 1, 32));
+                        acc[r] = Z512::scale(Z512::scale(acc[r], s0, d0, da), s1, d1, da);
                     }
                 }
             }
@@ -249,6 +344,7 @@ entry!(q4_0, R16Q4_0);
 entry!(q4_1, R16Q4_1);
 entry!(q8_0, R16Q8_0);
 entry!(q4_k, A8Q4K);
+entry!(q6_k, A8Q6K);
 
 /// The A8 kernels by weight type, for the AVX-512 VNNI tiers' tables.
 pub fn table() -> [Option<DotTileFn>; 15] {
@@ -257,5 +353,6 @@ pub fn table() -> [Option<DotTileFn>; 15] {
     t[GgmlType::Q4_1 as usize] = Some(q4_1);
     t[GgmlType::Q8_0 as usize] = Some(q8_0);
     t[GgmlType::Q4_K as usize] = Some(q4_k);
+    t[GgmlType::Q6_K as usize] = Some(q6_k);
     t
 }
