@@ -5,7 +5,8 @@
 # Usage: scripts/bench-vs-llamacpp.sh [ROUNDS=5] [THREADS=nproc]
 # Env: MODEL (default: the default model), BATCHES (default 8,32: the batched-decode sequence
 #      counts), PEER_SCRIPT (default scripts/llama-cpp-peer.sh), TOKENMILL_BIN (default: build
-#      target/release/tokenmill)
+#      target/release/tokenmill), ACTIVATION_BITS (tokenmill's --activation-bits: 12, the
+#      default, or 8 — llama.cpp's own activations are 8-bit)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-5}"
@@ -19,7 +20,8 @@ for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
   "$peer_bin/llama-bench" -m "$model" -t "$threads" -p 512 -n 128 -r 1 -o jsonl > "$out/llama-bench.$r.jsonl" 2>/dev/null
   "$tm" bench-model --model "$model" --threads "$threads" --repetitions 1 --seed "$r" \
-    --prompt 512 --generate 128 --batch "$batches" > "$out/tokenmill.$r.txt"
+    --prompt 512 --generate 128 --batch "$batches" --activation-bits "${ACTIVATION_BITS:-12}" \
+    > "$out/tokenmill.$r.txt"
   "$peer_bin/llama-batched-bench" -m "$model" -t "$threads" -c 16384 -b 2048 -ub 512 \
     -npp 128 -ntg 128 -npl "$batches" --output-format jsonl > "$out/batched.$r.jsonl" 2>/dev/null
 done

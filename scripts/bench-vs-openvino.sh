@@ -11,7 +11,9 @@
 # Usage: scripts/bench-vs-openvino.sh [ROUNDS=3] [THREADS=nproc]
 # Env: MODEL (default: the default model), TOKENMILL_BIN (default: build target/release/tokenmill),
 #      PEERS (default ../shared/peers), KV_CACHE_DTYPE (tokenmill's --kv-cache-dtype, default f16;
-#      OpenVINO's own KV cache is u8 by default, which int8 matches)
+#      OpenVINO's own KV cache is u8 by default, which int8 matches), ACTIVATION_BITS
+#      (tokenmill's --activation-bits: 12, the default, or 8 — OpenVINO's CPU plugin quantizes
+#      activations to 8 bits per 32 by default, DYNAMIC_QUANTIZATION_GROUP_SIZE = 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
@@ -27,9 +29,11 @@ for r in $(seq 1 "$rounds"); do
   "$py" "$peers/openvino_bench.py" raw --model "$model" --threads "$threads" \
     --input-len 512 --output-len 128 --repetitions 1 --seed "$r" 2>/dev/null | tail -n 1 > "$out/ov-raw.$r.json"
   "$tm" bench-model --model "$model" --threads "$threads" --repetitions 1 --seed "$r" \
-    --prompt 512 --generate 128 --batch 8 --kv-cache-dtype "$kv" > "$out/tm-raw.$r.txt"
+    --prompt 512 --generate 128 --batch 8 --kv-cache-dtype "$kv" \
+    --activation-bits "${ACTIVATION_BITS:-12}" > "$out/tm-raw.$r.txt"
   "$tm" bench-engine --model "$model" --threads "$threads" --num-prompts 64 --concurrency 16 \
-    --input-len 128 --output-len 128 --seed "$r" --kv-cache-dtype "$kv" > "$out/tm-batch.$r.txt"
+    --input-len 128 --output-len 128 --seed "$r" --kv-cache-dtype "$kv" \
+    --activation-bits "${ACTIVATION_BITS:-12}" > "$out/tm-batch.$r.txt"
   "$py" "$peers/openvino_bench.py" batch --model "$model" --threads "$threads" \
     --num-prompts 64 --concurrency 16 --input-len 128 --output-len 128 --seed "$r" 2>/dev/null \
     | tail -n 1 > "$out/ov-batch.$r.json"

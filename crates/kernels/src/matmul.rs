@@ -5,9 +5,11 @@
 //! linear layer's weight as `n` rows of `k` elements), and `out` is `[n_tokens, n]`.
 //!
 //! Quantized weights (the integer path, shaped like ggml's `mul_mat`):
-//! 1. the activation rows are quantized once per call into the format of
-//!    [`ActFormat::for_matmul`](crate::dispatch::ActFormat::for_matmul) — 12-bit-in-i16
-//!    [A16](crate::quant::a16) for the 32-element weight formats, Q8_K for the k-quants — in a
+//! 1. the activation rows are quantized once per call into the format of the weight's kernel
+//!    ([`Kernels::matmul_kernel_for`](crate::dispatch::Kernels::matmul_kernel_for)) —
+//!    12-bit-in-i16 [A16](crate::quant::a16) for the 32-element and Rows16 weight formats
+//!    (8-bit [A8](crate::quant::a8) for Rows16 under `--activation-bits 8`), Q8_K for the
+//!    k-quants in GGUF layout — in a
 //!    thread-local buffer that only grows (no allocation after warm-up), in parallel for
 //!    prefill-sized inputs;
 //! 2. the weight rows are split into chunks, claimed by the threads of the [`ThreadPool`]

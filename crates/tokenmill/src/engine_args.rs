@@ -57,7 +57,7 @@ pub enum ActivationBits {
     #[value(name = "12")]
     Twelve,
     /// 8-bit quants per block of 32 (A8, as llama.cpp's Q8 activations): twice the integer
-    /// multiply-adds per instruction on AVX-512 VNNI for Rows16 Q4_0/Q4_1/Q8_0/Q4_K weights
+    /// multiply-adds per instruction on AVX-512 VNNI for the Rows16 weights (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K)
     /// (faster prefill and batched decode), at less fidelity (see BENCHMARKS.md); tiers
     /// without 8-bit kernels keep 12.
     #[value(name = "8")]

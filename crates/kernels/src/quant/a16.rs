@@ -6,7 +6,9 @@
 //! Why not ggml's Q8_0 / Q8_1 activations: 8-bit activations (a step of `amax / 127` per block
 //! of 32) move the real model's logits too far from the fp32 reference — on SmolLM2-135M
 //! Q4_1, teacher-forced top-1 agreement falls to ~0.977 and top-1 logprobs move by up to ~0.3,
-//! with the error spread over every matmul. 12-bit quants cut that error 16× for the same
+//! with the error spread over every matmul (8-bit stays available as the opt-in
+//! [A8](super::a8), `--activation-bits 8`, for twice the integer rate). 12-bit quants cut that
+//! error 16× for the same
 //! integer machinery: `vpmaddwd` (AVX2) / `vpdpwssd` (VNNI) multiply i16 pairs exactly into
 //! i32, and the weight quants widen to i16 for free while they are decoded.
 //!

@@ -1,5 +1,5 @@
-//! A8: tokenmill's 8-bit activation format, the opt-in partner of the Rows16 Q4_0 / Q4_1 /
-//! Q8_0 / Q4_K / Q6_K weights (`--activation-bits 8`), with its reference quantizer and dequantizer. The Rows16
+//! A8: tokenmill's 8-bit activation format, the opt-in partner of the Rows16 weights
+//! (`--activation-bits 8`), with its reference quantizer and dequantizer. The Rows16
 //! reference dot is [`crate::quant::rows16::vec_dot_a8`].
 //!
 //! Why: A16's 12-bit quants multiply with `vpdpwssd` (two i16 pairs a lane); 8-bit quants
@@ -10,7 +10,7 @@
 //!
 //! Layout of a block of 32 values (44 bytes, alignment 1): `d: f32` scale, `s: f32 = d · Σ q`
 //! (for the offsets of Q4_1 and Q4_K), `sums: [i16; 2]`, the exact `Σ q` of columns 0..16 and
-//! 16..32 (for the zero points the kernels add to Q4_0, Q8_0 and each 16-column half of Q6_K),
+//! 16..32 (for the zero points of Q4_0, Q5_0, Q8_0 and each 16-column half of Q6_K),
 //! `qs: [i8; 32]` in column order, all little-endian.
 //!
 //! Quantization: `d = amax / 127`, `q = round_ties_even(x · (1 / d))` clamped to ±127; an

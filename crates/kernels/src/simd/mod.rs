@@ -107,9 +107,9 @@ pub struct TierFns {
     /// a group of 16 rows, and `n_a` may go up to [`MAX_ROWS_16`].
     pub dots_rows16: [Option<DotTileFn>; 15],
     /// Integer dot kernel of Rows16 weights against A8 activations ([`crate::quant::a8`]), by
-    /// weight type: the scalar tier's references (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K) and the
-    /// AVX-512 VNNI kernels (Q4_0, Q4_1, Q8_0, Q4_K); the 256-bit tiers have none (a weight
-    /// without one runs against A16). Tiles as [`Self::dots_rows16`].
+    /// weight type, every Rows16 format: the scalar tier's references and the AVX-512 VNNI
+    /// kernels; the 256-bit tiers have none (their weights run against A16). Tiles as
+    /// [`Self::dots_rows16`].
     pub dots_rows16_a8: [Option<DotTileFn>; 15],
     /// A16 activation quantizer.
     pub quantize_a16: QuantizeFn,

@@ -7,7 +7,7 @@
 //! * [`rows16`]: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K in the interleaved Rows16 layout against A16 activations —
 //!   what `matmul` runs for those formats (512-bit on AVX-512, 256-bit otherwise), tiles of
 //!   16-row groups × up to eight activation rows;
-//! * [`rows16_a8`]: Q4_0/Q4_1/Q8_0/Q4_K Rows16 against the opt-in 8-bit A8 activations
+//! * [`rows16_a8`]: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K Rows16 against the opt-in 8-bit A8 activations
 //!   (`vpdpbusd`, AVX-512 VNNI only);
 //! * [`q32`]: the same weight formats against ggml's Q8_0/Q8_1, and the block decoders both
 //!   share;

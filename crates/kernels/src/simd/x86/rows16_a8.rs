@@ -1,4 +1,4 @@
-//! Rows16 Q4_0 / Q4_1 / Q8_0 / Q4_K / Q6_K weights × [A8](crate::quant::a8) activations on
+//! Rows16 Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q6_K weights × [A8](crate::quant::a8) activations on
 //! AVX-512 VNNI: `vpdpbusd`, four u8 × i8 products a lane, twice the multiply-adds per
 //! instruction of the A16 kernels' `vpdpwssd` ([`super::rows16`]). Only for a model run with
 //! `--activation-bits 8`.
@@ -9,9 +9,9 @@
 //! `4k..4k + 4` and `(x >> 4) & 0x0F0F0F0F` columns `16 + 4k..` — the activations' own
 //! order, so one broadcast dword meets each. Q8_0 chunks `2k, 2k + 1` make columns `4k..4k + 4`
 //! the same way, `^ 0x80808080`: the i8 weights biased to u8 (`vpdpbusd`'s first operand is
-//! unsigned). Q6_K ORs in its top two bits from one plane per two chunks. A block's exact
-//! integer sum then drops the bias from the A8 block's sums — `8 · Σ q_a` (Q4_0), `128 · Σ q_a`
-//! (Q8_0), `32 · Σ q_a` of each 16-column half (Q6_K) — and meets the scales in one FMA as in
+//! unsigned). Q5_0 ORs in its fifth bits, Q6_K its top two, from one plane per two chunks. A block's exact
+//! integer sum then drops the bias from the A8 block's sums — `8 · Σ q_a` (Q4_0), `16 · Σ q_a`
+//! (Q5_0), `128 · Σ q_a` (Q8_0), `32 · Σ q_a` of each 16-column half (Q6_K) — and meets the scales in one FMA as in
 //! the A16 kernels; Q4_1 adds `m_w · s_a`, Q4_K runs each 32-column sub-block as a Q4_1
 //! block of scale `d·sc` and offset `−dmin·m`.
 //!
@@ -21,11 +21,13 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 
-use super::rows16::{Fmt16, Lanes16, R16Q4_0, R16Q4_1, R16Q8_0, Z512, k4_scales, prefetch_ahead};
+use super::rows16::{
+    Fmt16, Lanes16, R16Q4_0, R16Q4_1, R16Q5_0, R16Q8_0, Z512, k4_scales, prefetch_ahead,
+};
 use crate::quant::GgmlType;
 use crate::quant::a8::{A8_BYTES, A8_QS, A8_SUMS};
 use crate::quant::rows16::{
-    GROUP, Q4_K_SUB_BYTES, Q6_K_HBITS, Q6_K_SCALES, Q6_K_SUB_BYTES, quants_offset,
+    GROUP, Q4_K_SUB_BYTES, Q5_0_HBITS, Q6_K_HBITS, Q6_K_SCALES, Q6_K_SUB_BYTES, quants_offset,
 };
 use crate::simd::{DotTileFn, MAX_ROWS_16, Tile};
 
@@ -78,32 +80,51 @@ unsafe fn byte_pair(p: *const u8) -> __m512i {
     unsafe { _mm512_xor_si512(chunk_pair(p), _mm512_set1_epi32(0x8080_8080u32 as i32)) }
 }
 
-/// The exact `Σ u8(w) · q_a` of one 32-column block at `qs` against the A8 blocks `a[j]`, as
-/// two chains per row (summed) when `split`, else one; or, with `halves`, the sums of columns
-/// 0..16 and 16..32 apart (for nibble formats).
+/// The formats of [`sums`]: 4-bit nibbles, Q5_0's nibbles with their fifth bits, bytes.
+const NIB: u8 = 0;
+const NIB5: u8 = 1;
+const BYTE: u8 = 2;
+
+/// Q5_0's fifth bits for nibble chunks `2k, 2k + 1` from their plane at `plane` (byte `2r + e`:
+/// column `2c + e` at bit `2 (c % 4)`, column `16 + 2c + e` at bit `2 (c % 4) + 1`), as bit 4 of
+/// each byte of the low-column and high-column registers [`nibble_pair`] makes.
 #[inline(always)]
-unsafe fn sums<const NIBBLES: bool, const NA: usize>(
+unsafe fn fifth_bits(plane: *const u8, k: usize) -> (__m512i, __m512i) {
+    unsafe {
+        let h = _mm512_cvtepu16_epi32(_mm256_loadu_si256(plane.cast()));
+        let t = 4 * (k % 2) as i32;
+        let m = _mm512_set1_epi32(0x1010_1010);
+        // (A | B) & C.
+        (
+            _mm512_ternarylogic_epi32::<0xA8>(sl(h, 4 - t), sl(h, 18 - t), m),
+            _mm512_ternarylogic_epi32::<0xA8>(sl(h, 3 - t), sl(h, 17 - t), m),
+        )
+    }
+}
+
+/// `x << n` for `n >= 0`, else `x >> -n` (logical), per 32-bit lane.
+#[inline(always)]
+unsafe fn sl(x: __m512i, n: i32) -> __m512i {
+    unsafe {
+        if n >= 0 {
+            _mm512_sll_epi32(x, _mm_cvtsi32_si128(n))
+        } else {
+            _mm512_srl_epi32(x, _mm_cvtsi32_si128(-n))
+        }
+    }
+}
+
+/// The exact `Σ u8(w) · q_a` of one 32-column block at `qs` (format `FMT`) against the A8
+/// blocks `a[j]`, as two chains per row when `split` (summed into `.0`), else one.
+#[inline(always)]
+unsafe fn sums<const FMT: u8, const NA: usize>(
     qs: *const u8,
     a: &[*const u8; NA],
     split: bool,
-    halves: bool,
 ) -> [(__m512i, __m512i); NA] {
     unsafe {
         let mut acc = [(_mm512_setzero_si512(), _mm512_setzero_si512()); NA];
-        if NIBBLES {
-            for k in 0..4 {
-                let (lo, hi) = nibble_pair(qs.add(4 * GROUP * k));
-                for (acc, &a) in acc.iter_mut().zip(a) {
-                    let p = a.add(A8_QS + 4 * k);
-                    acc.0 = vpdpbusd_bcst(acc.0, lo, p);
-                    if split || halves {
-                        acc.1 = vpdpbusd_bcst(acc.1, hi, p.add(16));
-                    } else {
-                        acc.0 = vpdpbusd_bcst(acc.0, hi, p.add(16));
-                    }
-                }
-            }
-        } else {
+        if FMT == BYTE {
             for k in 0..8 {
                 let w = byte_pair(qs.add(4 * GROUP * k));
                 for (acc, &a) in acc.iter_mut().zip(a) {
@@ -115,8 +136,27 @@ unsafe fn sums<const NIBBLES: bool, const NA: usize>(
                     }
                 }
             }
+        } else {
+            for k in 0..4 {
+                let (mut lo, mut hi) = nibble_pair(qs.add(4 * GROUP * k));
+                if FMT == NIB5 {
+                    let plane = qs.add(Q5_0_HBITS - 2 * GROUP + 2 * GROUP * (k / 2));
+                    let (hl, hh) = fifth_bits(plane, k);
+                    lo = _mm512_or_si512(lo, hl);
+                    hi = _mm512_or_si512(hi, hh);
+                }
+                for (acc, &a) in acc.iter_mut().zip(a) {
+                    let p = a.add(A8_QS + 4 * k);
+                    acc.0 = vpdpbusd_bcst(acc.0, lo, p);
+                    if split {
+                        acc.1 = vpdpbusd_bcst(acc.1, hi, p.add(16));
+                    } else {
+                        acc.0 = vpdpbusd_bcst(acc.0, hi, p.add(16));
+                    }
+                }
+            }
         }
-        if split && !halves {
+        if split {
             // No closures (`array::map`): they would not inherit the target features.
             for acc in acc.iter_mut() {
                 acc.0 = _mm512_add_epi32(acc.0, acc.1);
@@ -167,17 +207,26 @@ unsafe fn group32<F: Fmt16, const NA: usize>(t: &Tile, w: *const u8, row0: usize
             prefetch_ahead(wb, F::BYTES);
             let a: [*const u8; NA] =
                 std::array::from_fn(|j| t.a.add(j * t.a_stride + b * A8_BYTES));
-            let sumi = if F::NIBBLES {
-                sums::<true, NA>(wb.add(F::QS), &a, NA <= 4, false)
-            } else {
-                sums::<false, NA>(wb.add(F::QS), &a, NA <= 4, false)
+            let qs = wb.add(F::QS);
+            let sumi = match (F::NIBBLES, F::HBITS) {
+                (false, _) => sums::<BYTE, NA>(qs, &a, NA <= 4),
+                (true, false) => sums::<NIB, NA>(qs, &a, NA <= 4),
+                (true, true) => sums::<NIB5, NA>(qs, &a, NA <= 4),
             };
             let d = Z512::f16(wb);
             for j in 0..NA {
-                let s = match (F::NIBBLES, F::SUB8) {
-                    (true, true) => _mm512_sub_epi32(sumi[j].0, bias(a[j], 2, 8)),
-                    (true, false) => sumi[j].0,
-                    (false, _) => _mm512_sub_epi32(sumi[j].0, bias(a[j], 2, 128)),
+                // The zero point: Q4_0's nibbles are `q + 8`, Q5_0's `q + 16`, Q8_0's biased
+                // bytes `q + 128`.
+                let zero = match (F::NIBBLES, F::SUB8, F::HBITS) {
+                    (false, _, _) => 128,
+                    (true, true, _) => 8,
+                    (true, _, true) => 16,
+                    _ => 0,
+                };
+                let s = if zero == 0 {
+                    sumi[j].0
+                } else {
+                    _mm512_sub_epi32(sumi[j].0, bias(a[j], 2, zero))
                 };
                 let (da, sa) = d_s(a[j]);
                 acc[j] = Z512::scale(acc[j], s, d, da);
@@ -218,7 +267,7 @@ impl GroupA8 for A8Q4K {
                     let a: [*const u8; NA] =
                         std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
                     let qs = wb.add(qs0 + j * Q4_K_SUB_BYTES);
-                    let sumi = sums::<true, NA>(qs, &a, NA <= 4, false);
+                    let sumi = sums::<NIB, NA>(qs, &a, NA <= 4);
                     let (dsc, dm) = k4_scales::<Z512>(wb, j);
                     for r in 0..NA {
                         let (da, sa) = d_s(a[r]);
@@ -284,10 +333,10 @@ impl GroupA8 for A8Q6K {
                             acc.1 = vpdpbusd_bcst(acc.1, hi, p.add(16));
                         }
                     }
-                    let dsc = |s: usize| {
-                        Z512::mul_i(d, Z512::load_i8_i32(wb.add(Q6_K_SCALES + GROUP * s)))
-                    };
-                    let (d0, d1) = (dsc(2 * j), dsc(2 * j + 1));
+                    // `d · sc` of sub-blocks 2j and 2j + 1 (16 rows' i8 scales widened).
+                    let sc = wb.add(Q6_K_SCALES + GROUP * 2 * j);
+                    let d0 = Z512::mul_i(d, Z512::load_i8_i32(sc));
+                    let d1 = Z512::mul_i(d, Z512::load_i8_i32(sc.add(GROUP)));
                     for r in 0..NA {
                         let (da, _) = d_s(a[r]);
                         let s0 = _mm512_sub_epi32(acc_i[r].0, bias(a[r], 0, 32));
@@ -341,6 +390,7 @@ macro_rules! entry {
 }
 
 entry!(q4_0, R16Q4_0);
+entry!(q5_0, R16Q5_0);
 entry!(q4_1, R16Q4_1);
 entry!(q8_0, R16Q8_0);
 entry!(q4_k, A8Q4K);
@@ -350,6 +400,7 @@ entry!(q6_k, A8Q6K);
 pub fn table() -> [Option<DotTileFn>; 15] {
     let mut t: [Option<DotTileFn>; 15] = [None; 15];
     t[GgmlType::Q4_0 as usize] = Some(q4_0);
+    t[GgmlType::Q5_0 as usize] = Some(q5_0);
     t[GgmlType::Q4_1 as usize] = Some(q4_1);
     t[GgmlType::Q8_0 as usize] = Some(q8_0);
     t[GgmlType::Q4_K as usize] = Some(q4_k);
