@@ -11,7 +11,8 @@
 # Also checks that greedy outputs of the edit prompts are the same on both servers.
 # Usage: scripts/bench-spec.sh [ROUNDS=3]
 # Env: TOKENMILL_BIN (default: build target/release/tokenmill), MODEL, SPEC (the
-# --speculative-config JSON), PORT (8411; the other server uses PORT+1).
+# --speculative-config JSON), PORT (8411; the other server uses PORT+1), SERVE_ARGS (more
+# flags for both servers, e.g. "--activation-bits 8").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds="${1:-3}"
@@ -21,11 +22,13 @@ spec="${SPEC:-{\"method\": \"ngram\", \"num_speculative_tokens\": 5\}}"
 port="${PORT:-8411}"
 out="$(mktemp -d)"
 # No prefix caching: every run of a round sends the same prompts to both servers.
+# shellcheck disable=SC2086 # SERVE_ARGS is a list of flags.
 "$tm" serve --model "$model" --port "$port" --served-model-name m --no-enable-prefix-caching \
-  > "$out/off.log" 2>&1 &
+  ${SERVE_ARGS:-} > "$out/off.log" 2>&1 &
 off=$!
+# shellcheck disable=SC2086
 "$tm" serve --model "$model" --port $((port + 1)) --served-model-name m --no-enable-prefix-caching \
-  --speculative-config "$spec" > "$out/on.log" 2>&1 &
+  --speculative-config "$spec" ${SERVE_ARGS:-} > "$out/on.log" 2>&1 &
 on=$!
 trap 'kill $off $on 2>/dev/null; wait $off $on 2>/dev/null || true' EXIT
 for p in "$port" $((port + 1)); do
