@@ -555,9 +555,10 @@ impl Kernels {
 
     /// This table with 8-bit [A8](crate::quant::a8) activations for the Rows16 weights that
     /// have an A8 kernel on its tier (`a8`), or A16 for all (the default): twice the integer
-    /// multiply-adds per instruction, at a quarter-step of fidelity more
-    /// (`--activation-bits 8`). The AMX path keeps A16, so an A8 matmul runs on the AVX-512
-    /// VNNI kernels.
+    /// multiply-adds per instruction, at a 16× coarser quantization step
+    /// (`--activation-bits 8`). The AMX tiles take A16 only, so on the AMX tier an A8 matmul
+    /// runs on the AVX-512 VNNI kernels at every row count (batch invariance stays; whether
+    /// that beats the tiles is not measured).
     pub fn with_a8(mut self, a8: bool) -> Kernels {
         self.a8 = a8;
         self

@@ -270,11 +270,15 @@ mod tests {
         }
     }
 
-    /// On every supported tier: fused equals the two matmuls and one SiLU pass, bit for bit.
+    /// On every supported tier, with 12- and 8-bit activations: fused equals the two matmuls
+    /// and one SiLU pass, bit for bit.
     fn assert_fused_is_unfused(pool: &ThreadPool, x: &[f32], gate: &QMatrix<'_>, up: &QMatrix<'_>) {
         let len = x.len() / gate.cols * gate.rows;
-        for tier in Tier::supported() {
-            let kern = Kernels::new(tier).unwrap();
+        for (tier, a8) in Tier::supported()
+            .into_iter()
+            .flat_map(|t| [(t, false), (t, true)])
+        {
+            let kern = Kernels::new(tier).unwrap().with_a8(a8);
             let mut fused = vec![f32::NAN; len];
             matmul_silu_mul_with(pool, &kern, x, gate, up, &mut fused);
             let (mut g, mut u) = (vec![0f32; len], vec![0f32; len]);
@@ -284,7 +288,7 @@ mod tests {
             kern.silu_mul(&g, &u, &mut want);
             assert!(
                 fused == want,
-                "{} {tier} {}x{}",
+                "{} {tier} a8 {a8} {}x{}",
                 gate.ty,
                 len / gate.rows,
                 gate.rows

@@ -108,8 +108,11 @@ fn grouped_matmul_is_each_groups_matmul() {
                 let (rows, n_rows) = ranges(&SIZES, gap);
                 let ws = weights(&mut rng, &types, rows.len(), n, k);
                 let x: Vec<f32> = (0..n_rows * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-                for tier in Tier::supported() {
-                    let kern = Kernels::new(tier).unwrap();
+                for (tier, a8) in Tier::supported()
+                    .into_iter()
+                    .flat_map(|t| [(t, false), (t, true)])
+                {
+                    let kern = Kernels::new(tier).unwrap().with_a8(a8);
                     let mut got = vec![f32::NAN; n_rows * n];
                     matmul_grouped_with(&pool, &kern, &x, &mut got, rows.len(), |g| {
                         (rows[g].clone(), ws[g].view())
@@ -125,7 +128,7 @@ fn grouped_matmul_is_each_groups_matmul() {
                     assert_same(
                         &got,
                         &want,
-                        &format!("{types:?} {tier} gap {gap} {threads}t"),
+                        &format!("{types:?} {tier} a8 {a8} gap {gap} {threads}t"),
                     );
                 }
             }
@@ -144,8 +147,11 @@ fn grouped_silu_mul_is_each_groups_silu_mul() {
             let gates = weights(&mut rng, &types, rows.len(), n, k);
             let ups = weights(&mut rng, &types, rows.len(), n, k);
             let x: Vec<f32> = (0..n_rows * k).map(|_| rng.uniform(-1.0, 1.0)).collect();
-            for tier in Tier::supported() {
-                let kern = Kernels::new(tier).unwrap();
+            for (tier, a8) in Tier::supported()
+                .into_iter()
+                .flat_map(|t| [(t, false), (t, true)])
+            {
+                let kern = Kernels::new(tier).unwrap().with_a8(a8);
                 let mut got = vec![f32::NAN; n_rows * n];
                 matmul_silu_mul_grouped_with(&pool, &kern, &x, &mut got, rows.len(), |g| {
                     (rows[g].clone(), gates[g].view(), ups[g].view())
@@ -158,7 +164,7 @@ fn grouped_silu_mul_is_each_groups_silu_mul() {
                     );
                     matmul_silu_mul_with(&pool, &kern, xr, &gate.view(), &up.view(), o);
                 }
-                assert_same(&got, &want, &format!("{types:?} {tier} {threads}t"));
+                assert_same(&got, &want, &format!("{types:?} {tier} a8 {a8} {threads}t"));
             }
         }
     }

@@ -38,6 +38,11 @@ pub struct ServerConfig {
     pub http: HttpLimits,
     /// How `/v1/embeddings` pools a prompt's hidden states (`--pooling`).
     pub pooling: Pooling,
+    /// Which kernels run the model, in words (`/server_info`).
+    pub kernels: String,
+    /// Bits of the matmuls' activation quants, 12 or 8 (`--activation-bits`, as it took
+    /// effect on this CPU; `/server_info`).
+    pub activation_bits: u8,
 }
 
 impl Default for ServerConfig {
@@ -56,6 +61,8 @@ impl Default for ServerConfig {
             http: HttpLimits::default(),
             // vLLM's default for a causal LM served as an embedding model.
             pooling: Pooling::Last,
+            kernels: String::new(),
+            activation_bits: 12,
         }
     }
 }

@@ -122,9 +122,12 @@ pub fn init_threads(threads: Option<usize>, bits: engine_args::ActivationBits) {
         None => Tier::best(),
     };
     if !init_kernels_with(tier, a8) {
-        eprintln!("warning: the kernel table was already chosen; {tier} is ignored");
-    }
-    if a8 && !kernels().runs_a8() {
+        eprintln!(
+            "warning: the kernel table was already chosen ({}); {tier} with {}-bit activations is ignored",
+            kernels().tier(),
+            if a8 { 8 } else { 12 }
+        );
+    } else if a8 && !kernels().runs_a8() {
         eprintln!(
             "warning: --activation-bits 8: the {} tier has no 8-bit kernels; activations stay 12-bit",
             kernels().tier()
@@ -137,6 +140,11 @@ pub fn kernels_summary() -> String {
     use tokenmill_kernels::dispatch::{Tier, kernels};
     let tier = kernels().tier();
     let summary = match Tier::amx_status() {
+        _ if tier == Tier::Amx && kernels().runs_a8() => {
+            format!(
+                "{tier} (8-bit activations run on its AVX-512 VNNI kernels; the tiles take 12-bit only)"
+            )
+        }
         _ if tier == Tier::Amx => format!(
             "{tier} (AMX int8 tiles from {} rows a matmul)",
             tokenmill_kernels::matmul::AMX_MIN_ROWS

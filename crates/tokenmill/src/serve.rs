@@ -206,6 +206,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tokenizer_workers: args.tokenizer_workers,
         http: http.clone(),
         pooling: args.pooling.into(),
+        kernels: crate::kernels_summary(),
+        activation_bits: if tokenmill_kernels::dispatch::kernels().runs_a8() {
+            8
+        } else {
+            12
+        },
     };
     let rt = runtime()?;
     rt.block_on(async move {

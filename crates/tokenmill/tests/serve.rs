@@ -960,6 +960,48 @@ fn official_openai_python_client_structured_outputs_and_tools() {
     run_openai_client_script("test_structured.py");
 }
 
+/// `--activation-bits 8` reaches the engine: `/server_info` reports 8-bit activations where
+/// the tier has the kernels (AVX-512 VNNI) and 12 elsewhere, and the server answers.
+#[test]
+fn activation_bits_flag_reaches_the_kernels() {
+    let args = [
+        "--port",
+        "0",
+        "--served-model-name",
+        "smollm2",
+        "--activation-bits",
+        "8",
+    ];
+    let mut s = spawn(&[&args[..], SMALL].concat());
+    let rt = rt();
+    let c = reqwest::Client::new();
+    let v: Value = rt
+        .block_on(async {
+            let r = c.get(format!("{}/server_info", s.base)).send().await?;
+            r.json().await
+        })
+        .unwrap();
+    let a8 = tokenmill_kernels::dispatch::Tier::Avx512Vnni.is_supported();
+    assert_eq!(v["activation_bits"], if a8 { 8 } else { 12 }, "{v}");
+    assert!(
+        v["kernels"].as_str().unwrap().contains("8-bit") == a8,
+        "{v}"
+    );
+    let r: Value = rt
+        .block_on(async {
+            let r = c
+                .post(format!("{}/v1/completions", s.base))
+                .json(&json!({"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}))
+                .send()
+                .await?;
+            r.json().await
+        })
+        .unwrap();
+    assert_eq!(r["usage"]["completion_tokens"], 4, "{r}");
+    s.sigterm();
+    assert_eq!(s.wait(Duration::from_secs(60)).code(), Some(0));
+}
+
 #[test]
 fn serve_with_a_tokenizer_server_endpoint() {
     let mut tok = spawn_cmd("tokenizer-server", "tokenizer service", &["--port", "0"]);

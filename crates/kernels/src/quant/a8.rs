@@ -22,7 +22,7 @@ use std::mem::{align_of, size_of};
 use super::a16::a16_inverse_scale;
 use super::blocks::QK;
 
-/// One A8 block: 32 activations as `d · q`, `q: i8`, in pair order.
+/// One A8 block: 32 activations as `d · q`, `q: i8`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BlockA8 {

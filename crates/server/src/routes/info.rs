@@ -59,6 +59,8 @@ pub async fn server_info(State(state): State<SharedState>) -> Json<Value> {
         "served_model_name": state.model_name(),
         "served_model_names": state.config.served_model_names,
         "version": env!("CARGO_PKG_VERSION"),
+        "kernels": state.config.kernels,
+        "activation_bits": state.config.activation_bits,
         "max_model_len": cfg.max_model_len,
         "block_size": cfg.block_size,
         "num_blocks": cfg.num_blocks,

@@ -616,8 +616,13 @@ const Q4_K_BYTES: usize = 16 * 144;
 #[inline(always)]
 pub(super) unsafe fn k4_scales<L: Lanes16>(wb: *const u8, j: usize) -> (L::F, L::F) {
     unsafe {
-        let plane = |k: usize| L::load_u32(wb.add(rows16::Q4_K_SCALES + 4 * GROUP * k));
-        let (u0, u1, u2) = (plane(0), plane(1), plane(2));
+        // No closure: it would not inherit the target features.
+        let planes = wb.add(rows16::Q4_K_SCALES);
+        let (u0, u1, u2) = (
+            L::load_u32(planes),
+            L::load_u32(planes.add(4 * GROUP)),
+            L::load_u32(planes.add(8 * GROUP)),
+        );
         let (sc, m) = if j < 4 {
             let s = 8 * j as i32;
             (L::shr_and(u0, s, 63), L::shr_and(u1, s, 63))

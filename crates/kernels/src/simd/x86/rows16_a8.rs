@@ -9,7 +9,8 @@
 //! `4k..4k + 4` and `(x >> 4) & 0x0F0F0F0F` columns `16 + 4k..` — the activations' own
 //! order, so one broadcast dword meets each. Q8_0 chunks `2k, 2k + 1` make columns `4k..4k + 4`
 //! the same way, `^ 0x80808080`: the i8 weights biased to u8 (`vpdpbusd`'s first operand is
-//! unsigned). Q5_0 ORs in its fifth bits, Q6_K its top two, from one plane per two chunks. A block's exact
+//! unsigned). Q5_0 ORs in its fifth bits (one plane per four chunks), Q6_K its top two (one
+//! plane per two). A block's exact
 //! integer sum then drops the bias from the A8 block's sums — `8 · Σ q_a` (Q4_0), `16 · Σ q_a`
 //! (Q5_0), `128 · Σ q_a` (Q8_0), `32 · Σ q_a` of each 16-column half (Q6_K) — and meets the scales in one FMA as in
 //! the A16 kernels; Q4_1 adds `m_w · s_a`, Q4_K runs each 32-column sub-block as a Q4_1
