@@ -48,11 +48,44 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// Rows from which [`add_rms_norm`] splits its rows across the global pool (a prefill chunk or
+/// a batch of decode rows; a few rows are not worth a hand-off).
+const PAR_ROWS: usize = 32;
+
 /// Residual add and RMSNorm in one pass: `x += y`, then `out = rms_norm(x) · weight`, row by
-/// row. Bit-identical to [`add_in_place`] then [`rms_norm`].
+/// row. Bit-identical to [`add_in_place`] then [`rms_norm`]. From [`PAR_ROWS`] rows the rows
+/// are split across the global pool (each row is computed alike wherever it runs).
 pub fn add_rms_norm(x: &mut [f32], y: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     debug_assert!(x.len() == y.len() && x.len() == out.len());
+    let rows = if d == 0 { 0 } else { x.len() / d };
+    let pool = crate::pool::global();
+    if rows < PAR_ROWS || pool.num_threads() == 1 {
+        return add_rms_norm_rows(x, y, weight, eps, out);
+    }
+    let per = rows.div_ceil(pool.num_threads()) * d;
+    let (xp, op) = (
+        crate::pool::SyncPtr(x.as_mut_ptr()),
+        crate::pool::SyncPtr(out.as_mut_ptr()),
+    );
+    let len = x.len().min(out.len()).min(y.len());
+    pool.parallel_for(len.div_ceil(per), |i| {
+        let (a, b) = (i * per, len.min((i + 1) * per));
+        // SAFETY: task `i` gets elements `a..b` of `x` and `out`, disjoint from every other
+        // task's and within both, which stay mutably borrowed for the whole `parallel_for`.
+        let (xs, os) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(xp.get().add(a), b - a),
+                std::slice::from_raw_parts_mut(op.get().add(a), b - a),
+            )
+        };
+        add_rms_norm_rows(xs, &y[a..b], weight, eps, os);
+    });
+}
+
+/// [`add_rms_norm`] on the calling thread.
+fn add_rms_norm_rows(x: &mut [f32], y: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
     for ((xr, yr), or) in x
         .chunks_exact_mut(d)
         .zip(y.chunks_exact(d))
@@ -269,16 +302,23 @@ mod tests {
 
     #[test]
     fn add_rms_norm_is_add_then_rms_norm_bit_for_bit() {
-        for d in [1, 7, 8, 13, 64, 576] {
+        // 3 rows on the caller; 37 and 100 split across the pool (when it has threads).
+        for (d, rows) in [
+            (1, 3),
+            (7, 3),
+            (8, 3),
+            (13, 3),
+            (64, 3),
+            (576, 3),
+            (13, 37),
+            (576, 100),
+        ] {
+            let n = rows * d;
             let w: Vec<f32> = (0..d).map(|i| 0.5 + (i % 5) as f32 * 0.25).collect();
-            let x0: Vec<f32> = (0..3 * d)
-                .map(|i| ((i * 37) % 19) as f32 * 0.3 - 2.0)
-                .collect();
-            let y: Vec<f32> = (0..3 * d)
-                .map(|i| ((i * 11) % 23) as f32 * 0.1 - 1.0)
-                .collect();
+            let x0: Vec<f32> = (0..n).map(|i| ((i * 37) % 19) as f32 * 0.3 - 2.0).collect();
+            let y: Vec<f32> = (0..n).map(|i| ((i * 11) % 23) as f32 * 0.1 - 1.0).collect();
             let (mut xa, mut xb) = (x0.clone(), x0);
-            let (mut oa, mut ob) = (vec![0f32; 3 * d], vec![0f32; 3 * d]);
+            let (mut oa, mut ob) = (vec![0f32; n], vec![0f32; n]);
             add_rms_norm(&mut xa, &y, &w, 1e-5, &mut oa);
             add_in_place(&mut xb, &y);
             rms_norm(&xb, &w, 1e-5, &mut ob);
