@@ -58,7 +58,7 @@ const PAR_ROWS: usize = 32;
 pub fn add_rms_norm(x: &mut [f32], y: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
     debug_assert!(x.len() == y.len() && x.len() == out.len());
-    let rows = if d == 0 { 0 } else { x.len() / d };
+    let rows = x.len().checked_div(d).unwrap_or(0);
     let pool = crate::pool::global();
     if rows < PAR_ROWS || pool.num_threads() == 1 {
         return add_rms_norm_rows(x, y, weight, eps, out);
