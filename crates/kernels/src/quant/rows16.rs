@@ -401,64 +401,63 @@ pub fn unpack_block(ty: GgmlType, gb: &[u8], lane: usize, out: &mut [u8]) {
     }
 }
 
+/// An activation block as the reference dots read it: [`BlockA16`] or [`BlockA8`].
+pub trait ActBlock {
+    /// The scale.
+    fn scale(&self) -> f32;
+    /// `d · Σ q`.
+    fn scaled_sum(&self) -> f32;
+    /// The 32 quants, in column order.
+    fn quant_values(&self) -> [i32; QK];
+}
+
+impl ActBlock for BlockA16 {
+    fn scale(&self) -> f32 {
+        self.d()
+    }
+    fn scaled_sum(&self) -> f32 {
+        self.s()
+    }
+    fn quant_values(&self) -> [i32; QK] {
+        self.quants().map(i32::from)
+    }
+}
+
+impl ActBlock for BlockA8 {
+    fn scale(&self) -> f32 {
+        self.d()
+    }
+    fn scaled_sum(&self) -> f32 {
+        self.s()
+    }
+    fn quant_values(&self) -> [i32; QK] {
+        self.quants()
+    }
+}
+
 /// Reference dot product of lane `lane` of a Rows16 group (`nb` group-blocks at `group`) with
 /// an A16 activation row (`nb · block_size / 32` blocks) — exactly the A16 reference dot of
 /// the unpacked row ([`super::a16`]): per 32 columns `d_w · d_a · sumi` (`+ m · s` for Q4_1;
 /// for Q4_K `d · sc · d_a · sumi + dmin · m · (−s)` per sub-block), the integer sums exact, in
 /// column order.
 pub fn vec_dot_a16(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[BlockA16]) -> f32 {
-    let (ts, subs) = (ty.type_size(), ty.block_size() / QK);
-    assert!(group.len() >= nb * GROUP * ts && a.len() >= nb * subs && lane < GROUP);
-    let offset = match ty {
-        GgmlType::Q4_0 => 8,
-        GgmlType::Q5_0 => 16,
-        GgmlType::Q6_K => 32,
-        _ => 0,
-    };
-    let mut sumf = 0f32;
-    for b in 0..nb {
-        let gb = &group[b * GROUP * ts..(b + 1) * GROUP * ts];
-        let d = f16_at(gb, 2 * lane);
-        for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
-            let qa = ba.quants();
-            if ty == GgmlType::Q6_K {
-                let half = |h: usize| -> i32 {
-                    (16 * h..16 * h + 16)
-                        .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k] as i32)
-                        .sum()
-                };
-                let sc = |h: usize| gb[Q6_K_SCALES + GROUP * (2 * j + h) + lane] as i8;
-                sumf += k6_dot(d, [sc(0), sc(1)], ba, [half(0), half(1)]);
-                continue;
-            }
-            let sumi: i32 = (0..QK)
-                .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k] as i32)
-                .sum();
-            sumf += match ty {
-                GgmlType::Q4_1 => {
-                    d * ba.d() * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s()
-                }
-                GgmlType::Q4_K => {
-                    let (sc, m) = get_scale_min_k4(j, &k4_scale_bytes(gb, lane));
-                    let dmin = f16_at(gb, Q4_K_DMIN + 2 * lane);
-                    k4_dot(d, dmin, sc, m, ba, sumi)
-                }
-                _ => d * ba.d() * sumi as f32,
-            };
-        }
-    }
-    sumf
+    vec_dot_blocks(ty, nb, group, lane, a)
 }
 
 /// The reference dot of lane `lane` of a Rows16 group (`nb` group-blocks of Q4_0, Q4_1, Q5_0,
-/// Q8_0, Q4_K or Q6_K) with A8 activations `a` ([`crate::quant::a8`]): per 32-column block the
-/// exact `sumi = Σ (q_w − offset) · q_a`, then `d_w · d_a · sumi` (Q4_1: `+ m · s_a`; Q4_K
-/// and Q6_K: each sub-block as [`k4_dot`] and [`k6_dot`] do with A16). The plain twin of the
-/// A8 SIMD kernels.
+/// Q8_0, Q4_K or Q6_K) with A8 activations `a` ([`crate::quant::a8`]), the same sums as
+/// [`vec_dot_a16`]'s. The plain twin of the A8 SIMD kernels.
 ///
 /// Panics for another type, or if a length does not fit.
 pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[BlockA8]) -> f32 {
     assert!(supports_a8(ty), "{ty} has no A8 dot");
+    vec_dot_blocks(ty, nb, group, lane, a)
+}
+
+/// [`vec_dot_a16`] and [`vec_dot_a8`]: per 32-column block the exact
+/// `sumi = Σ (q_w − offset) · q_a`, then `d_w · d_a · sumi` (Q4_1: `+ m · s_a`; Q4_K and Q6_K:
+/// each sub-block as [`k4_dot`] and [`k6_dot`]).
+fn vec_dot_blocks<A: ActBlock>(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[A]) -> f32 {
     let (ts, subs) = (ty.type_size(), ty.block_size() / QK);
     assert!(group.len() >= nb * GROUP * ts && a.len() >= nb * subs && lane < GROUP);
     let offset = match ty {
@@ -472,26 +471,28 @@ pub fn vec_dot_a8(ty: GgmlType, nb: usize, group: &[u8], lane: usize, a: &[Block
         let gb = &group[b * GROUP * ts..(b + 1) * GROUP * ts];
         let d = f16_at(gb, 2 * lane);
         for (j, ba) in a[b * subs..(b + 1) * subs].iter().enumerate() {
-            let qa = ba.quants();
+            let qa = ba.quant_values();
             let half = |h: usize| -> i32 {
                 (16 * h..16 * h + 16)
                     .map(|k| (raw_quant(ty, gb, lane, QK * j + k) - offset) * qa[k])
                     .sum()
             };
-            let sumi = half(0) + half(1);
-            let da = ba.d();
             sumf += match ty {
-                GgmlType::Q4_1 => d * da * sumi as f32 + f16_at(gb, 2 * GROUP + 2 * lane) * ba.s(),
+                GgmlType::Q6_K => {
+                    let sc = |h: usize| gb[Q6_K_SCALES + GROUP * (2 * j + h) + lane] as i8;
+                    k6_dot(d, [sc(0), sc(1)], ba, [half(0), half(1)])
+                }
+                GgmlType::Q4_1 => {
+                    let sumi = half(0) + half(1);
+                    d * ba.scale() * sumi as f32
+                        + f16_at(gb, 2 * GROUP + 2 * lane) * ba.scaled_sum()
+                }
                 GgmlType::Q4_K => {
                     let (sc, m) = get_scale_min_k4(j, &k4_scale_bytes(gb, lane));
                     let dmin = f16_at(gb, Q4_K_DMIN + 2 * lane);
-                    (d * sc as f32) * da * sumi as f32 + (dmin * m as f32) * -ba.s()
+                    k4_dot(d, dmin, sc, m, ba, half(0) + half(1))
                 }
-                GgmlType::Q6_K => {
-                    let sc = |h: usize| gb[Q6_K_SCALES + GROUP * (2 * j + h) + lane] as i8 as f32;
-                    (d * sc(0)) * da * half(0) as f32 + (d * sc(1)) * da * half(1) as f32
-                }
-                _ => d * da * sumi as f32,
+                _ => d * ba.scale() * (half(0) + half(1)) as f32,
             };
         }
     }
@@ -503,18 +504,19 @@ pub fn supports_a8(ty: GgmlType) -> bool {
     supports(ty)
 }
 
-/// One Q4_K sub-block's term against an A16 block: `d·sc · d_a · sumi + dmin·m · (−s_a)`,
+/// One Q4_K sub-block's term against an activation block: `d·sc · d_a · sumi + dmin·m · (−s_a)`,
 /// with `d·sc` and `dmin·m` exact in f32 (an f16 times a 6-bit integer).
 #[inline]
-pub(crate) fn k4_dot(d: f32, dmin: f32, sc: u8, m: u8, a: &BlockA16, sumi: i32) -> f32 {
-    (d * sc as f32) * a.d() * sumi as f32 + (dmin * m as f32) * -a.s()
+pub(crate) fn k4_dot<A: ActBlock>(d: f32, dmin: f32, sc: u8, m: u8, a: &A, sumi: i32) -> f32 {
+    (d * sc as f32) * a.scale() * sumi as f32 + (dmin * m as f32) * -a.scaled_sum()
 }
 
-/// One A16 block's term of a Q6_K row: its two 16-column sub-blocks, `d·sc_h · d_a · sumi_h`
+/// One activation block's term of a Q6_K row: its two 16-column sub-blocks, `d·sc_h · d_a · sumi_h`
 /// each, with `d·sc` exact in f32 (an f16 times an i8).
 #[inline]
-pub(crate) fn k6_dot(d: f32, sc: [i8; 2], a: &BlockA16, sumi: [i32; 2]) -> f32 {
-    (d * sc[0] as f32) * a.d() * sumi[0] as f32 + (d * sc[1] as f32) * a.d() * sumi[1] as f32
+pub(crate) fn k6_dot<A: ActBlock>(d: f32, sc: [i8; 2], a: &A, sumi: [i32; 2]) -> f32 {
+    (d * sc[0] as f32) * a.scale() * sumi[0] as f32
+        + (d * sc[1] as f32) * a.scale() * sumi[1] as f32
 }
 
 #[cfg(test)]

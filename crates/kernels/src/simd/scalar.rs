@@ -115,15 +115,51 @@ scalar_dot_rows!(
     a16_blocks
 );
 
-/// Scalar tier of a Rows16 tile: the reference dot of every (weight row, activation row).
+/// Scalar tier of a Rows16 tile against A16 activations: the reference
+/// [`quant::rows16::vec_dot_a16`] of every (weight row, activation row).
 ///
 /// # Safety
 ///
 /// As [`super::DotTileFn`] for Rows16 weights (`w_stride`: bytes of a group).
 unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
-    use quant::rows16::{GROUP, vec_dot_a16};
+    // SAFETY: as this function's.
+    unsafe {
+        rows16_tile_with(ty, t, quant::A16_BYTES, |g, lane, a| {
+            quant::rows16::vec_dot_a16(ty, t.nb, g, lane, a16_blocks(a))
+        })
+    }
+}
+
+/// Scalar tier of a Rows16 tile against A8 activations: the reference
+/// [`quant::rows16::vec_dot_a8`] of every (weight row, activation row).
+///
+/// # Safety
+///
+/// As [`rows16_tile`], with A8 activation blocks.
+unsafe fn rows16_a8_tile(ty: quant::GgmlType, t: &Tile) {
+    // SAFETY: as this function's.
+    unsafe {
+        rows16_tile_with(ty, t, quant::A8_BYTES, |g, lane, a| {
+            quant::rows16::vec_dot_a8(ty, t.nb, g, lane, quant::a8_blocks(a))
+        })
+    }
+}
+
+/// `dot(group, lane, activation row)` of every (weight row, activation row) of a Rows16 tile
+/// whose activation blocks of 32 are `a_bytes` each.
+///
+/// # Safety
+///
+/// As [`super::DotTileFn`] for Rows16 weights, with activation blocks of `a_bytes`.
+unsafe fn rows16_tile_with(
+    ty: quant::GgmlType,
+    t: &Tile,
+    a_bytes: usize,
+    dot: impl Fn(&[u8], usize, &[u8]) -> f32,
+) {
+    use quant::rows16::GROUP;
     let group_bytes = t.nb * GROUP * ty.type_size();
-    // A16 blocks of 32 per weight block.
+    // Activation blocks of 32 per weight block.
     let a_blocks = ty.block_size() / quant::QK;
     for i in 0..t.n_w {
         // SAFETY: the caller guarantees whole groups of `nb` group-blocks for every row.
@@ -132,12 +168,9 @@ unsafe fn rows16_tile(ty: quant::GgmlType, t: &Tile) {
         for j in 0..t.n_a {
             // SAFETY: the caller guarantees `nb` readable activation blocks per row.
             let a = unsafe {
-                std::slice::from_raw_parts(
-                    t.a.add(j * t.a_stride),
-                    t.nb * a_blocks * quant::A16_BYTES,
-                )
+                std::slice::from_raw_parts(t.a.add(j * t.a_stride), t.nb * a_blocks * a_bytes)
             };
-            let v = vec_dot_a16(ty, t.nb, group, i % GROUP, a16_blocks(a));
+            let v = dot(group, i % GROUP, a);
             // SAFETY: the caller guarantees the outputs are writable.
             unsafe { *t.out.add(j * t.out_stride + i) = v };
         }
@@ -196,35 +229,6 @@ pub unsafe fn q6_K_rows16(t: &Tile) {
 /// As [`rows16_tile`].
 pub unsafe fn q8_0_rows16(t: &Tile) {
     unsafe { rows16_tile(quant::GgmlType::Q8_0, t) }
-}
-
-/// Scalar tier of a Rows16 tile against A8 activations: the reference
-/// [`quant::rows16::vec_dot_a8`] of every (weight row, activation row).
-///
-/// # Safety
-///
-/// As [`rows16_tile`], with A8 activation blocks.
-unsafe fn rows16_a8_tile(ty: quant::GgmlType, t: &Tile) {
-    use quant::rows16::{GROUP, vec_dot_a8};
-    let group_bytes = t.nb * GROUP * ty.type_size();
-    let a_blocks = ty.block_size() / quant::QK;
-    for i in 0..t.n_w {
-        // SAFETY: the caller guarantees whole groups of `nb` group-blocks for every row.
-        let group =
-            unsafe { std::slice::from_raw_parts(t.w.add(i / GROUP * t.w_stride), group_bytes) };
-        for j in 0..t.n_a {
-            // SAFETY: the caller guarantees `nb` readable activation blocks per row.
-            let a = unsafe {
-                std::slice::from_raw_parts(
-                    t.a.add(j * t.a_stride),
-                    t.nb * a_blocks * quant::A8_BYTES,
-                )
-            };
-            let v = vec_dot_a8(ty, t.nb, group, i % GROUP, quant::a8_blocks(a));
-            // SAFETY: the caller guarantees the outputs are writable.
-            unsafe { *t.out.add(j * t.out_stride + i) = v };
-        }
-    }
 }
 
 macro_rules! rows16_a8_entry {
