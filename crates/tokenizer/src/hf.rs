@@ -89,6 +89,74 @@ fn check_decoder(decoder: &DecoderWrapper) -> Result<(), TokenizerError> {
     }
 }
 
+/// Refuses BPE merges that `tokenizers` (0.22) would panic on while loading: with a
+/// `continuing_subword_prefix` of n bytes it slices the second token of every merge at byte
+/// n, which panics when that token is shorter than n bytes or n falls inside a character.
+/// Such a file could never load (a merge whose tokens are not in the vocabulary is an error
+/// there too), so it is refused with the merge named. Every top-level `"model"` key is
+/// checked, as `tokenizers` builds each one; inside a model the last of a repeated key wins,
+/// as in `serde_json::Value`, which is what `tokenizers` reads a model through.
+fn check_merge_prefixes(text: &str, tj_path: &Path) -> Result<(), TokenizerError> {
+    use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct Models(Vec<Value>);
+    impl<'de> Visitor<'de> for Models {
+        type Value = Vec<Value>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a tokenizer.json object")
+        }
+        fn visit_map<A: MapAccess<'de>>(mut self, mut map: A) -> Result<Vec<Value>, A::Error> {
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "model" {
+                    self.0.push(map.next_value()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(self.0)
+        }
+    }
+    let models = serde_json::Deserializer::from_str(text)
+        .deserialize_map(Models(Vec::new()))
+        .map_err(|source| TokenizerError::Json {
+            path: tj_path.to_owned(),
+            source,
+        })?;
+    for model in &models {
+        let Some(prefix) = model
+            .get("continuing_subword_prefix")
+            .and_then(Value::as_str)
+        else {
+            continue;
+        };
+        let Some(merges) = model.get("merges").and_then(Value::as_array) else {
+            continue;
+        };
+        for (index, merge) in merges.iter().enumerate() {
+            let second = match merge {
+                Value::String(line) => {
+                    let mut parts = line.split(' ');
+                    match (parts.next(), parts.next(), parts.next()) {
+                        (Some(_), Some(b), None) => Some(b),
+                        _ => None,
+                    }
+                }
+                Value::Array(pair) => pair.get(1).and_then(Value::as_str),
+                _ => None,
+            };
+            if second.is_some_and(|b| b.get(prefix.len()..).is_none()) {
+                return Err(TokenizerError::BadMerge {
+                    index,
+                    merge: merge.to_string(),
+                    reason: "its second token is shorter than continuing_subword_prefix or \
+                             has a character cut at that length",
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Builds from `tokenizer.json`'s text and the optional configs; `template_file` reads
 /// `chat_template.jinja` when the config names no template.
 fn build(
@@ -102,6 +170,7 @@ fn build(
         path: tj_path.to_owned(),
         source,
     })?;
+    check_merge_prefixes(text, tj_path)?;
     let mut inner = HfTokenizer::from_str(text)?;
     if let Some(decoder) = inner.get_decoder() {
         check_decoder(decoder)?;

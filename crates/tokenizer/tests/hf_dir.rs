@@ -174,6 +174,54 @@ fn a_strip_decoder_that_would_panic_is_refused_at_load() {
     }
 }
 
+/// `tokenizers` 0.22 slices the second token of every BPE merge at the byte length of
+/// `continuing_subword_prefix` while loading, and panicked on a token shorter than that or
+/// with a character cut there (found by the fuzzer). Such a file is refused with `BadMerge`,
+/// in either merge form, without `"type"`, and in an earlier of two `"model"` keys (each is
+/// built); merges that do carry the prefix load and merge.
+#[test]
+fn a_merge_shorter_than_the_subword_prefix_is_refused_at_load() {
+    let model = |prefix: &str, merges: serde_json::Value, tagged: bool| {
+        let mut m = serde_json::json!({"dropout": null, "unk_token": null,
+            "continuing_subword_prefix": prefix, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": {"a": 0, "b": 1, "ab": 2, "##b": 3, "\u{e9}": 4, "a\u{e9}": 5},
+            "merges": merges});
+        if tagged {
+            m["type"] = "BPE".into();
+        }
+        m.to_string()
+    };
+    let doc = |models: &[String]| {
+        let keys: Vec<String> = models.iter().map(|m| format!("\"model\": {m}")).collect();
+        format!(
+            r#"{{"version": "1.0", "added_tokens": [], "normalizer": null, "pre_tokenizer": null,
+                "post_processor": null, "decoder": null, {}}}"#,
+            keys.join(", ")
+        )
+    };
+    let good = model("##", serde_json::json!([["a", "##b"]]), true);
+    let bad = [
+        model("##", serde_json::json!([["a", "b"]]), true),
+        model("##", serde_json::json!(["a b"]), false),
+        model("#", serde_json::json!(["a \u{e9}"]), true),
+    ];
+    for b in &bad {
+        for models in [vec![b.clone()], vec![b.clone(), good.clone()]] {
+            match Tokenizer::from_hf_json(&doc(&models), None) {
+                Err(TokenizerError::BadMerge {
+                    index: 0, reason, ..
+                }) => {
+                    assert!(reason.contains("continuing_subword_prefix"), "{reason}")
+                }
+                other => panic!("{models:?}: {:?}", other.map(|t| t.vocab_size())),
+            }
+        }
+    }
+    let tok = Tokenizer::from_hf_json(&doc(&[good]), None).unwrap();
+    assert_eq!(tok.encode("ab", false).unwrap(), [2]);
+}
+
 /// A decoder whose output depends on the start of the whole text (two `Strip`s after a
 /// `Fuse`: up to two leading spaces of the text go) is not a piece table, so it streams by
 /// re-decoding. A window over recent ids (the vLLM/TGI algorithm, used here before) stripped
