@@ -33,7 +33,7 @@ if [ "$mode" = full ]; then
 else
   miri -p tokenmill-gguf --lib -- reader:: tensor:: file::
   miri -p tokenmill-safetensors --test hostile -- header_ entry_ tiling_ duplicate_
-  miri -p tokenmill-kernels --lib -- matmul:: blocks:: paged::
+  miri -p tokenmill-kernels --lib -- matmul:: blocks:: paged:: par_write::
   # The pool's claim/wake/join protocol across threads; the 10,007-task sweep is full-only.
   miri -p tokenmill-kernels --test pool -- --skip every_index_exactly_once_on_any_thread_count
 fi

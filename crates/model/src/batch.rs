@@ -6,6 +6,8 @@
 //! and attending to all earlier positions of that sequence through its block table. There is
 //! no prefill or decode mode: a decode step is a chunk of length 1.
 
+use tokenmill_kernels::attention::BlockRun;
+
 /// Which logits a chunk wants back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogitsWanted {
@@ -74,4 +76,29 @@ pub(crate) fn validate_chunks(
         }
     }
     Ok(())
+}
+
+/// The batch's tokens (`tok_pos`: chunk, position per token) cut into runs that each write
+/// into one cache block of `block_size` slots, in token order, into `out` (cleared): what
+/// [`PagedKvMut::par_runs`](tokenmill_kernels::attention::PagedKvMut::par_runs) splits the
+/// cache writes by.
+pub(crate) fn block_runs(
+    chunks: &[SeqChunk<'_>],
+    tok_pos: &[(usize, usize)],
+    block_size: usize,
+    out: &mut Vec<BlockRun>,
+) {
+    out.clear();
+    for (t, &(ci, pos)) in tok_pos.iter().enumerate() {
+        let block = chunks[ci].block_table[pos / block_size];
+        match out.last_mut() {
+            // The same chunk's next slot of the same block.
+            Some(r) if r.block == block && pos % block_size != 0 && r.t1 as usize == t => r.t1 += 1,
+            _ => out.push(BlockRun {
+                block,
+                t0: t as u32,
+                t1: t as u32 + 1,
+            }),
+        }
+    }
 }

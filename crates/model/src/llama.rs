@@ -26,9 +26,12 @@ use std::path::Path;
 
 use tokenmill_gguf::GgufFile;
 use tokenmill_kernels::attention::{AttnSeq, AttnSeqs, KvElem, PagedKvMut, RopeAt, attention};
-use tokenmill_kernels::ops::{add_bias, add_in_place, add_rms_norm, rms_norm, rope_with};
+use tokenmill_kernels::ops::{
+    RopeStyle, add_bias, add_in_place, add_rms_norm, rms_norm, rope_with,
+};
+use tokenmill_kernels::pool::global;
 
-use crate::batch::SeqChunk;
+use crate::batch::{SeqChunk, block_runs};
 use crate::embed_head::{self, embed_batch};
 use crate::int4_linear::{matmul_multi, matmul_silu_mul};
 use crate::kv_cache::LayerKvMut;
@@ -37,6 +40,26 @@ use crate::store::WeightStore;
 use crate::weights::{LayerWeights, Weights};
 use crate::workspace::{Workspace, resize};
 use crate::{KvCache, ModelConfig, ModelError};
+
+/// RoPE on the queries of one token's `[q | k | v]` row (`q_dim` values first); returns its
+/// K and V and the RoPE the cache write applies to K.
+fn rope_row<'a>(
+    row: &'a mut [f32],
+    q_dim: usize,
+    head_dim: usize,
+    cos_sin: &'a [f32],
+    style: RopeStyle,
+) -> (&'a [f32], &'a [f32], RopeAt<'a>) {
+    let (q, kv_row) = row.split_at_mut(q_dim);
+    rope_with(q, head_dim, cos_sin, style);
+    let (k, v) = kv_row.split_at(kv_row.len() / 2);
+    (k, v, RopeAt { cos_sin, style })
+}
+
+/// Batches of at least this many tokens (in more than one cache block) write their K/V on
+/// the thread pool, a task per block; smaller ones on the caller, where a pool job's hand-off
+/// costs more than it saves.
+const PAR_WRITE_TOKENS: usize = 8;
 
 pub struct LlamaModel {
     store: WeightStore,
@@ -208,16 +231,34 @@ impl LlamaModel {
         let qkv = &mut ws.qkv[..n_tok * qkv_dim];
         let t = start(&ws.profile);
         let style = cfg.rope_style;
-        for ((row, cs), &(ci, pos)) in qkv
-            .chunks_exact_mut(qkv_dim)
-            .zip(ws.rope_cs.chunks_exact(cfg.rope_dim))
-            .zip(&ws.tok_pos)
-        {
-            let (q, kv_row) = row.split_at_mut(q_dim);
-            rope_with(q, cfg.head_dim, cs, style);
-            let (k, v) = kv_row.split_at(kv_dim);
-            let rope = RopeAt { cos_sin: cs, style };
-            layer_kv.write(chunks[ci].block_table, pos, k, v, Some(rope));
+        let (rope_cs, rope_dim, head_dim) = (&ws.rope_cs, cfg.rope_dim, cfg.head_dim);
+        let cs = |t: usize| &rope_cs[t * rope_dim..(t + 1) * rope_dim];
+        let bs = layer_kv.layout.block_size;
+        block_runs(chunks, &ws.tok_pos, bs, &mut ws.kv_runs);
+        if n_tok >= PAR_WRITE_TOKENS && ws.kv_runs.len() > 1 {
+            // A task per cache block (`PagedKvMut::par_runs`): the same bits as in order.
+            let tok_pos = &ws.tok_pos;
+            let pool = global();
+            layer_kv.par_runs(
+                pool,
+                qkv,
+                qkv_dim,
+                &ws.kv_runs,
+                &mut ws.kv_sort,
+                |r, rows, mut blk| {
+                    for (i, row) in rows.chunks_exact_mut(qkv_dim).enumerate() {
+                        let t = r.t0 as usize + i;
+                        let (k, v, rope) = rope_row(row, q_dim, head_dim, cs(t), style);
+                        blk.write(tok_pos[t].1 % bs, k, v, Some(rope));
+                    }
+                },
+            );
+        } else {
+            for (t, (row, &(ci, pos))) in qkv.chunks_exact_mut(qkv_dim).zip(&ws.tok_pos).enumerate()
+            {
+                let (k, v, rope) = rope_row(row, q_dim, head_dim, cs(t), style);
+                layer_kv.write(chunks[ci].block_table, pos, k, v, Some(rope));
+            }
         }
         stop(&mut ws.profile, OpKind::RopeKvWrite, t);
 

@@ -16,7 +16,7 @@
 //! and DeepSeek's MLA + MoE buffers live in [`DeepSeekBuffers`] (`deepseek/workspace.rs`),
 //! empty unless the workspace was made for a DeepSeek model or has run one.
 
-use tokenmill_kernels::attention::AttnScratch;
+use tokenmill_kernels::attention::{AttnScratch, BlockRun};
 
 use crate::deepseek::DeepSeekBuffers;
 use crate::{ModelConfig, OpProfile};
@@ -46,6 +46,10 @@ pub struct Workspace {
     pub(crate) hidden: Vec<f32>,
     /// Per token: (chunk index, position).
     pub(crate) tok_pos: Vec<(usize, usize)>,
+    /// The batch's tokens by the cache block they write (`batch::block_runs`), and the block
+    /// ids sorted (`PagedKvMut::par_runs`'s check that they are distinct).
+    pub(crate) kv_runs: Vec<BlockRun>,
+    pub(crate) kv_sort: Vec<u32>,
     /// Attention's task plan and split-decode partials.
     pub(crate) attn_scratch: AttnScratch,
     /// DeepSeek's MLA and MoE buffers (empty for the Llama family).
@@ -94,6 +98,8 @@ impl Workspace {
             sel: buf(max_seqs * hidden),
             logits: buf(max_seqs * vocab),
             tok_pos: Vec::with_capacity(t),
+            kv_runs: Vec::with_capacity(t),
+            kv_sort: Vec::with_capacity(t),
             ..Workspace::default()
         }
     }

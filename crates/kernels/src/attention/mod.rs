@@ -36,6 +36,7 @@
 
 mod decode;
 mod paged;
+mod par_write;
 mod plan;
 mod prefill;
 pub mod reference;
@@ -47,6 +48,7 @@ pub use crate::kv_elem::{K_SCALE_GROUPS, KvDtype, KvElem, quantize_int8_row};
 pub use crate::simd::attn::{AccRows, DotRows, KEY_TILE};
 pub use half::f16;
 pub use paged::{KvLayout, PagedKv, PagedKvMut, RopeAt};
+pub use par_write::{BlockMut, BlockRun};
 pub use plan::{AttnScratch, MAX_SEGS, SEG_MIN_KEYS, segments};
 
 use crate::dispatch::{AttnKernels, Kernels, kernels};

@@ -415,10 +415,24 @@ impl<T: KvElem> PagedKvMut<'_, T> {
         v: &[f32],
         rope: Option<RopeAt<'_>>,
     ) {
+        let (block, slot) = self.layout.locate(block_table, pos);
+        self.write_at(block, slot, k, v, rope);
+    }
+
+    /// [`Self::write`] at slot `slot` of block `block`. Panics if the block is not in the
+    /// store, the slot not in the block, or a length does not match.
+    pub fn write_at(
+        &mut self,
+        block: usize,
+        slot: usize,
+        k: &[f32],
+        v: &[f32],
+        rope: Option<RopeAt<'_>>,
+    ) {
         let lay = self.layout;
         let (hd, bs) = (lay.head_dim, lay.block_size);
         assert!(k.len() == lay.kv_dim() && v.len() == lay.kv_dim());
-        let (block, slot) = lay.locate(block_table, pos);
+        assert!(slot < bs, "slot {slot} of a block of {bs}");
         assert!((block + 1) * lay.block_len() <= self.k.len().min(self.v.len()));
         let rot = rope.map_or(0, |r| r.cos_sin.len());
         assert!(rot <= hd && rot.is_multiple_of(2));
