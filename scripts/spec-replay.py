@@ -8,7 +8,10 @@ accepted ones are the prefix that matches the real output, a step advances by ac
 A step costs T1 + drafts verified * C (ms; defaults from a served profile on a Zen 5 machine,
 BENCHMARKS.md), and the speed-up is tokens * T1 / total time. Two policies: verify every draft
 the proposer offers, and an oracle that verifies exactly the drafts that will be accepted
-(what no draft-count rule can beat for that proposer).
+(what no draft-count rule can beat for that proposer). And the engine's adaptive rule
+(crates/engine/src/spec/adaptive.rs) over the shipped proposer with that price of a row: one
+acceptance rate per request (before 2026-12-07), or a rate per class of proposal (a match of
+n tokens, or one continuing a proposal whose drafts all held).
 
 Usage: scripts/spec-replay.py [--url http://127.0.0.1:8000] [--model m]
            [--dataset scripts/data/spec-edit-prompts.jsonl] [--t1 3.56] [--c 0.49]
@@ -66,6 +69,72 @@ def two_latest(seq, k, lo=2, hi=4):
     return out
 
 
+def lookup(seq, lo=2, hi=4):
+    """The shipped proposer's match: (n, index the proposal starts at), or None."""
+    n_tok = len(seq)
+    for n in range(min(hi, n_tok - 1), lo - 1, -1):
+        pat = seq[n_tok - n:]
+        for s in range(n_tok - n - 1, -1, -1):
+            if seq[s:s + n] == pat:
+                return n, s + n
+    return None
+
+
+def adaptive(data, k, t1, c, by_class):
+    """The engine's rule for one stream: threshold c / t1; a draft j is verified while
+    rate^j clears it; rates are the request's decayed record smoothed toward the engine's
+    (per class or one); a proposal not verified is a guess that the next token settles,
+    and every 8th such step verifies one draft (a probe)."""
+    thr, engine = c / t1, {}
+    tokens = time = 0.0
+    for prompt_len, seq in data:
+        own, pos, cont_at, idle = {}, prompt_len, None, 0
+        while pos < len(seq):
+            m = lookup(seq[:pos])
+            take, cls = 0, None
+            if m:
+                n, src = m
+                cls = ("cont" if src == cont_at else n) if by_class else "all"
+                ea, ev = engine.get(cls, (0, 0))
+                e = (ea + 4 * 0.7) / (ev + 4)
+                w = 16 if by_class else 4
+                oa, ov = own.get(cls, (0.0, 0.0))
+                rate, chance = (oa + w * e) / (ov + w), 1.0
+                while take < min(k, len(seq) - src):
+                    chance *= rate
+                    if chance <= thr:
+                        break
+                    take += 1
+                if take == 0:
+                    idle += 1
+                    if idle >= 8:
+                        idle, take = 0, 1
+            cont_at = None
+            cand = seq[m[1]:m[1] + take] if m else []
+            a = 0
+            while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
+                a += 1
+            oa, ov = own.get(cls, (0.0, 0.0))
+            if cand:
+                idle = 0
+                own[cls] = (oa * 0.9 + a, ov * 0.9 + len(cand))
+                ea, ev = engine.get(cls, (0, 0))
+                engine[cls] = (ea + a, ev + len(cand))
+                if a == len(cand):
+                    cont_at = m[1] + a + 1
+            elif m:  # a guess: the next token settles it
+                held = pos < len(seq) and seq[m[1]] == seq[pos]
+                own[cls] = (oa * 0.97 + held, ov * 0.97 + 1)
+                ea, ev = engine.get(cls, (0, 0))
+                engine[cls] = (ea + held, ev + 1)
+                cont_at = m[1] + 1 if held else None
+            step = min(a + 1, len(seq) - pos)
+            pos += step
+            tokens += step
+            time += t1 + len(cand) * c
+    return tokens * t1 / time
+
+
 def replay(data, proposer, k, oracle, t1, c):
     tokens = time = 0.0
     for prompt_len, seq in data:
@@ -114,6 +183,9 @@ def main():
                        ("two candidates (a tree)", two_latest)]:
         print(f"{name:<44} {replay(data, prop, args.k, False, args.t1, args.c):>9.2f}x "
               f"{replay(data, prop, args.k, True, args.t1, args.c):>7.2f}x")
+    for name, by_class in [("adaptive, one rate a request", False),
+                           ("adaptive, a rate per class (shipped)", True)]:
+        print(f"{name:<44} {adaptive(data, args.k, args.t1, args.c, by_class):>9.2f}x")
 
 
 if __name__ == "__main__":
