@@ -67,7 +67,6 @@ use crate::sampler::Sampled;
 pub use crate::scheduler_config::{Batching, SchedulerConfig, SchedulingPolicy};
 use crate::scheduler_output::{NewRequest, PadChunk, RequestOutput, SchedulerOutput, TokenOutput};
 use crate::sla::{StepFeatures, StepTimeModel, StepTimeStats, max_chunk_within};
-use crate::spec::adaptive::{ClassCounts, DraftClass, Source};
 use crate::spec::{SpecDecodeStats, SpecMethod, adaptive, ngram};
 
 /// Gauges and counters for metrics.
@@ -125,8 +124,6 @@ pub struct Scheduler {
     /// Static batching: (members, longest prompt) of the batch now running.
     static_batch: Option<(usize, usize)>,
     spec_stats: SpecDecodeStats,
-    /// Drafts verified and accepted by class (`spec::adaptive`).
-    draft_classes: ClassCounts,
     /// The draft threshold of the step being planned (see `spec::adaptive`).
     draft_threshold: f64,
 }
@@ -153,7 +150,6 @@ impl Scheduler {
             step_model: StepTimeModel::default(),
             static_batch: None,
             spec_stats: SpecDecodeStats::default(),
-            draft_classes: ClassCounts::default(),
             draft_threshold: 1.0,
         })
     }
@@ -350,8 +346,7 @@ impl Scheduler {
                 any_finished = true;
             }
             if c.num_draft_tokens > 0 {
-                let class = req.draft_record.verified(c.num_draft_tokens);
-                self.draft_classes.verified(class, c.num_draft_tokens);
+                req.draft_record.verified(c.num_draft_tokens);
                 self.spec_stats.num_drafts += 1;
                 self.spec_stats.num_draft_tokens += c.num_draft_tokens as u64;
             }
@@ -372,8 +367,7 @@ impl Scheduler {
             if req.status != RequestStatus::Running {
                 continue;
             }
-            if let Some(class) = follows_draft.then(|| accept_draft(out, req)).flatten() {
-                self.draft_classes.accepted(class);
+            if follows_draft && accept_draft(out, req) {
                 self.spec_stats.num_accepted_tokens += 1;
                 self.kv.cache_blocks(
                     id,
@@ -385,12 +379,7 @@ impl Scheduler {
             if req.num_uncomputed_tokens() != 0 {
                 continue;
             }
-            if let Some((class, held)) = req.draft_record.generated(req.num_tokens(), s.token) {
-                self.draft_classes.verified(class, 1);
-                if held {
-                    self.draft_classes.accepted(class);
-                }
-            }
+            req.draft_record.generated(req.num_tokens(), s.token);
             let finish_reason = req.append_output(s.token, s.complete, bs, max_len);
             if let Some(reason) = finish_reason {
                 req.status = RequestStatus::Finished(reason);
@@ -428,14 +417,21 @@ impl Scheduler {
         outputs
     }
 
+    /// The engine-wide draft acceptance rate, with an optimistic prior before the first
+    /// drafts (so speculation gets tried).
+    fn global_acceptance(&self) -> f64 {
+        const PRIOR: f64 = 0.7;
+        let s = &self.spec_stats;
+        adaptive::acceptance(s.num_accepted_tokens, s.num_draft_tokens, PRIOR)
+    }
+
     /// Proposes drafts for the decode of running request `id` and keeps those worth
     /// verifying this step (at most `room`); returns how many.
     fn plan_drafts(&mut self, id: RequestId, budget: &StepBudget, room: usize) -> usize {
         let Some(spec) = self.config.speculative else {
             return 0;
         };
-        let classes = self.draft_classes;
-        let model_rate = classes.rate(DraftClass::MODEL);
+        let global = self.global_acceptance();
         let max_len = self.config.max_model_len;
         let req = self.requests.get_mut(&id).expect("running request exists");
         if req.params.constraint.is_some() {
@@ -449,43 +445,31 @@ impl Scheduler {
         let looks_up = matches!(spec.method, SpecMethod::Ngram { .. });
         if spec.adaptive
             && !looks_up
-            && !req.draft_record.worth_proposing(
-                k,
-                DraftClass::MODEL,
-                model_rate,
-                budget.draft_threshold,
-            )
+            && !req
+                .draft_record
+                .worth_proposing(k, global, budget.draft_threshold)
         {
             // Under load nothing the draft model proposed would be verified: its proposal was
             // not asked for. (Prompt lookup is cheap: its proposal is kept as a guess.)
             req.drafts.clear();
             return 0;
         }
-        let source = match spec.method {
+        match spec.method {
             SpecMethod::Ngram {
                 prompt_lookup_min,
                 prompt_lookup_max,
             } => {
                 let (tokens, drafts) = req.tokens_and_drafts();
-                ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts)
+                ngram::propose(tokens, prompt_lookup_min, prompt_lookup_max, k, drafts);
             }
             // The draft model proposed after the last step (`set_drafts`), if it could.
-            SpecMethod::DraftModel if req.drafts_for == req.num_tokens() => {
-                req.drafts.truncate(k);
-                Some(Source::Model)
-            }
-            SpecMethod::DraftModel => {
-                req.drafts.clear();
-                None
-            }
-        };
+            SpecMethod::DraftModel if req.drafts_for == req.num_tokens() => req.drafts.truncate(k),
+            SpecMethod::DraftModel => req.drafts.clear(),
+        }
         if spec.adaptive {
-            let source = source.unwrap_or(Source::Model);
-            let class = req.draft_record.class(source);
-            let engine = classes.rate(class);
-            let (pos, threshold) = (req.num_tokens(), budget.draft_threshold);
+            let pos = req.num_tokens();
             let record = &mut req.draft_record;
-            let keep = record.drafts_to_take(&req.drafts, source, class, pos, engine, threshold);
+            let keep = record.drafts_to_take(&req.drafts, pos, global, budget.draft_threshold);
             req.drafts.truncate(keep);
         }
         req.drafts.len()
@@ -504,8 +488,7 @@ impl Scheduler {
             && (!spec.adaptive
                 || req.draft_record.worth_proposing(
                     k,
-                    DraftClass::MODEL,
-                    self.draft_classes.rate(DraftClass::MODEL),
+                    self.global_acceptance(),
                     self.draft_threshold,
                 ))
     }
@@ -1012,22 +995,25 @@ impl Scheduler {
     }
 }
 
-/// Whether the token `req` just received follows a draft the target accepted (then the
-/// draft's class), as the runner reports it: the draft sits at the request's first
-/// uncomputed position, inside the chunk that verified it, with the token the chunk carried
-/// there. Then its KV is valid, and the cursor moves over it.
-fn accept_draft(out: &SchedulerOutput, req: &mut Request) -> Option<DraftClass> {
+/// Whether the token `req` just received follows a draft the target accepted, as the
+/// runner reports it: the draft sits at the request's first uncomputed position, inside the
+/// chunk that verified it, with the token the chunk carried there. Then its KV is valid, and
+/// the cursor moves over it.
+fn accept_draft(out: &SchedulerOutput, req: &mut Request) -> bool {
     let pos = req.num_computed_tokens;
-    let c = out.chunks.iter().find(|c| c.req_id == req.id)?;
+    let Some(c) = out.chunks.iter().find(|c| c.req_id == req.id) else {
+        return false;
+    };
     let verified = c.num_draft_tokens > 0
         && pos > c.start_pos
         && pos < c.start_pos + c.num_tokens
         && req.num_uncomputed_tokens() == 1
         && out.tokens(c)[pos - c.start_pos] == req.token_ids()[pos];
-    verified.then(|| {
+    if verified {
         req.num_computed_tokens += 1;
-        req.draft_record.accepted()
-    })
+        req.draft_record.accepted();
+    }
+    verified
 }
 
 /// A running request whose only uncomputed token is its last sampled one.

@@ -8,21 +8,12 @@
 //! Cost: `O(len · max_n)` comparisons per request and step, no allocation (the proposal goes
 //! into a buffer the request keeps).
 
-use super::adaptive::Source;
-
-/// Writes into `out` (cleared first) up to `k` tokens proposed to follow `tokens`; returns
-/// the match they come from, if any.
-pub fn propose(
-    tokens: &[u32],
-    min_n: usize,
-    max_n: usize,
-    k: usize,
-    out: &mut Vec<u32>,
-) -> Option<Source> {
+/// Writes into `out` (cleared first) up to `k` tokens proposed to follow `tokens`.
+pub fn propose(tokens: &[u32], min_n: usize, max_n: usize, k: usize, out: &mut Vec<u32>) {
     out.clear();
     let len = tokens.len();
     if k == 0 || min_n == 0 {
-        return None;
+        return;
     }
     for n in (min_n..=max_n.min(len.saturating_sub(1))).rev() {
         let pattern = &tokens[len - n..];
@@ -31,10 +22,9 @@ pub fn propose(
         if let Some(s) = found {
             let from = s + n;
             out.extend_from_slice(&tokens[from..len.min(from + k)]);
-            return Some(Source::Lookup { n, from });
+            return;
         }
     }
-    None
 }
 
 #[cfg(test)]
@@ -43,8 +33,7 @@ mod tests {
 
     fn run(tokens: &[u32], min_n: usize, max_n: usize, k: usize) -> Vec<u32> {
         let mut out = vec![99; 3];
-        let source = propose(tokens, min_n, max_n, k, &mut out);
-        assert_eq!(source.is_some(), !out.is_empty());
+        propose(tokens, min_n, max_n, k, &mut out);
         out
     }
 
@@ -58,9 +47,6 @@ mod tests {
         // The longer match wins over a later shorter one: [2 3 4] at 1 → 5 6 7.
         let t = [1, 2, 3, 4, 5, 6, 7, 3, 4, 8, 2, 3, 4];
         assert_eq!(run(&t, 2, 3, 3), [5, 6, 7]);
-        let mut out = Vec::new();
-        let source = propose(&t, 2, 3, 3, &mut out);
-        assert_eq!(source, Some(Source::Lookup { n: 3, from: 4 }));
     }
 
     #[test]
