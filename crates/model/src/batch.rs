@@ -102,3 +102,43 @@ pub(crate) fn block_runs(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_break_at_block_ends_and_between_chunks() {
+        let (a_table, b_table) = ([7u32, 3, 9], [2u32, 4]);
+        let chunk = |table, start_pos, tokens| SeqChunk {
+            tokens,
+            start_pos,
+            block_table: table,
+            logits: LogitsWanted::Last,
+        };
+        // Chunk 0 starts mid-block (positions 5..=10, 4 slots a block); chunk 1 writes
+        // positions 3 and 4, either side of a block end.
+        let chunks = [
+            chunk(&a_table[..], 5, &[0; 6][..]),
+            chunk(&b_table[..], 3, &[0; 2]),
+        ];
+        let tok_pos: Vec<(usize, usize)> =
+            (5..11).map(|p| (0, p)).chain([(1, 3), (1, 4)]).collect();
+        let mut runs = vec![BlockRun {
+            block: 0,
+            t0: 0,
+            t1: 0,
+        }];
+        block_runs(&chunks, &tok_pos, 4, &mut runs);
+        let run = |block, t0, t1| BlockRun { block, t0, t1 };
+        assert_eq!(
+            runs,
+            [run(3, 0, 3), run(9, 3, 6), run(2, 6, 7), run(4, 7, 8)]
+        );
+        // One token, one run; none, none.
+        block_runs(&chunks[1..], &[(0, 4)], 4, &mut runs);
+        assert_eq!(runs, [run(4, 0, 1)]);
+        block_runs(&chunks, &[], 4, &mut runs);
+        assert!(runs.is_empty());
+    }
+}

@@ -35,9 +35,10 @@ impl<'a, T: KvElem + Send> PagedKvMut<'a, T> {
     /// Runs `f(run, rows, block)` for every run of `runs` on `pool`: `rows` are the run's rows
     /// of `rows` (`[T, row_len]`, rows `t0..t1`) and `block` writes the run's cache block.
     ///
-    /// The runs must be ascending, disjoint token ranges inside `rows`, each writing a block of
-    /// the store (panics otherwise). If two runs name the same block they run one after the
-    /// other on the caller instead (`scratch`, reused, holds the sorted block ids).
+    /// The runs must be ascending, disjoint token ranges inside `rows`, each writing a block
+    /// that the store's K, V (and, for int8, scale) arrays all hold (panics otherwise). If any
+    /// two runs name the same block, all the runs go one after the other on the caller instead
+    /// (`scratch`, reused, holds the sorted block ids).
     pub fn par_runs<F>(
         &mut self,
         pool: &ThreadPool,
@@ -49,7 +50,16 @@ impl<'a, T: KvElem + Send> PagedKvMut<'a, T> {
     ) where
         F: Fn(&BlockRun, &mut [f32], BlockMut<'_, T>) + Sync,
     {
-        let n_blocks = self.k.len() / self.layout.block_len().max(1);
+        let (block_len, n_scales) = (self.layout.block_len(), self.layout.block_scales());
+        let n_k_scales = K_SCALE_GROUPS * n_scales;
+        let scaled = T::SCALED;
+        // Blocks every array holds: the tasks below slice them unchecked.
+        let mut n_blocks = self.k.len().min(self.v.len()) / block_len.max(1);
+        if scaled {
+            n_blocks = n_blocks
+                .min(self.k_scale.len() / n_k_scales.max(1))
+                .min(self.v_scale.len() / n_scales.max(1));
+        }
         let mut end = 0;
         for r in runs {
             assert!(end <= r.t0 && r.t0 < r.t1, "runs not ascending: {runs:?}");
@@ -65,9 +75,6 @@ impl<'a, T: KvElem + Send> PagedKvMut<'a, T> {
         scratch.extend(runs.iter().map(|r| r.block));
         scratch.sort_unstable();
         let distinct = scratch.windows(2).all(|w| w[0] != w[1]);
-        let (block_len, n_scales) = (self.layout.block_len(), self.layout.block_scales());
-        let n_k_scales = K_SCALE_GROUPS * n_scales;
-        let scaled = T::SCALED;
         let (kp, vp) = (SyncPtr(self.k.as_mut_ptr()), SyncPtr(self.v.as_mut_ptr()));
         let (ksp, vsp) = (
             SyncPtr(self.k_scale.as_mut_ptr()),
@@ -233,5 +240,51 @@ mod tests {
                 check(true);
             }
         }
+    }
+
+    /// A block the K array holds but the V or scale arrays do not is refused, as the serial
+    /// `write` refuses it, rather than written past their ends.
+    #[test]
+    fn a_block_past_any_array_of_the_store_is_refused() {
+        let lay = KvLayout {
+            block_size: 4,
+            n_kv_heads: 1,
+            head_dim: 4,
+        };
+        let (len, ns) = (2 * lay.block_len(), 2 * lay.block_scales());
+        let runs = [BlockRun {
+            block: 1,
+            t0: 0,
+            t1: 1,
+        }];
+        let pool = ThreadPool::new(2);
+        let short = |k: usize, v: usize, ks: usize, vs: usize| {
+            let (mut kb, mut vb) = (vec![0i8; k], vec![0i8; v]);
+            let (mut ksb, mut vsb) = (vec![0f32; ks], vec![0f32; vs]);
+            let mut kv = PagedKvMut {
+                k: &mut kb[..],
+                v: &mut vb[..],
+                k_scale: &mut ksb[..],
+                v_scale: &mut vsb[..],
+                layout: lay,
+            };
+            let mut rows = vec![0f32; 2 * lay.kv_dim()];
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                kv.par_runs(
+                    &pool,
+                    &mut rows,
+                    2 * lay.kv_dim(),
+                    &runs,
+                    &mut Vec::new(),
+                    |_, _, _| {},
+                )
+            }))
+            .is_ok()
+        };
+        let kns = K_SCALE_GROUPS * ns;
+        assert!(short(len, len, kns, ns));
+        assert!(!short(len, len / 2, kns, ns), "short V");
+        assert!(!short(len, len, kns / 2, ns), "short K scales");
+        assert!(!short(len, len, kns, ns / 2), "short V scales");
     }
 }
