@@ -29,15 +29,30 @@ def post(url, path, body):
         return json.load(r)
 
 
-def latest_match(seq, k, lo=2, hi=4):
-    """The shipped proposer: the latest earlier match of the last hi..lo tokens."""
+def lookup(seq, lo=2, hi=4):
+    """The shipped proposer's match, the latest earlier match of the last hi..lo tokens:
+    (n, index the proposal starts at), or None."""
     n_tok = len(seq)
     for n in range(min(hi, n_tok - 1), lo - 1, -1):
         pat = seq[n_tok - n:]
         for s in range(n_tok - n - 1, -1, -1):
             if seq[s:s + n] == pat:
-                return [seq[s + n:s + n + k]]
-    return []
+                return n, s + n
+    return None
+
+
+def latest_match(seq, k, lo=2, hi=4):
+    """The shipped proposer: what followed its match."""
+    m = lookup(seq, lo, hi)
+    return [seq[m[1]:m[1] + k]] if m else []
+
+
+def agreed(cand, seq, pos):
+    """How many of the drafts `cand` for positions pos, pos + 1, ... the output agrees with."""
+    a = 0
+    while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
+        a += 1
+    return a
 
 
 def longest_match(seq, k, lo=2, hi=64):
@@ -68,17 +83,6 @@ def two_latest(seq, k, lo=2, hi=4):
         if out:
             return out
     return out
-
-
-def lookup(seq, lo=2, hi=4):
-    """The shipped proposer's match: (n, index the proposal starts at), or None."""
-    n_tok = len(seq)
-    for n in range(min(hi, n_tok - 1), lo - 1, -1):
-        pat = seq[n_tok - n:]
-        for s in range(n_tok - n - 1, -1, -1):
-            if seq[s:s + n] == pat:
-                return n, s + n
-    return None
 
 
 def adaptive(data, k, t1, c, by_class):
@@ -112,9 +116,7 @@ def adaptive(data, k, t1, c, by_class):
                         idle, take = 0, 1
             cont_at = None
             cand = seq[m[1]:m[1] + take] if m else []
-            a = 0
-            while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
-                a += 1
+            a = agreed(cand, seq, pos)
             oa, ov = own.get(cls, (0.0, 0.0))
             if cand:
                 idle = 0
@@ -151,9 +153,7 @@ def by_class(data, k):
                 continue
             n, src = m
             cand = seq[src:src + k]
-            a = 0
-            while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
-                a += 1
+            a = agreed(cand, seq, pos)
             cls = "continuing" if src == cont_at else f"fresh {n}-token match"
             steps, acc, first = stats.get(cls, (0, 0, 0))
             stats[cls] = (steps + 1, acc + a, first + (a > 0))
@@ -170,9 +170,7 @@ def replay(data, proposer, k, oracle, t1, c):
         while pos < len(seq):
             best = rows = 0
             for cand in proposer(seq[:pos], k):
-                a = 0
-                while a < len(cand) and pos + a < len(seq) and cand[a] == seq[pos + a]:
-                    a += 1
+                a = agreed(cand, seq, pos)
                 best = max(best, a)
                 rows += len(cand)
             if oracle:
