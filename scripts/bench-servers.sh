@@ -17,9 +17,12 @@
 # Env: MODEL (default: the default model), PORT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/spec-workloads.sh
+source scripts/spec-workloads.sh
 [ $# -ge 3 ] || { sed -n '2,17p' "$0"; exit 2; }
 rounds=$1 workload=$2
 shift 2
+spec_workload_args "$workload" || { echo "unknown workload $workload (edit, chat, c16)" >&2; exit 2; }
 model="${MODEL:-$(scripts/fetch-model.sh)}"
 port="${PORT:-8450}"
 out="$(mktemp -d)"
@@ -46,19 +49,13 @@ for i in "${!ports[@]}"; do
   echo "${names[$i]} did not start: $(tail -3 "$out/${names[$i]}.log")" >&2
   exit 1
 done
-case $workload in
-  edit) args=(--dataset-path scripts/data/spec-edit-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
-  chat) args=(--endpoint /v1/chat/completions --dataset-path scripts/data/spec-chat-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
-  c16) args=(--input-len 128 --output-len 128 --num-prompts 48 --concurrency 16) ;;
-  *) echo "unknown workload $workload (edit, chat, c16)" >&2; exit 2 ;;
-esac
 tm="$(scripts/tokenmill-bin.sh)"
 for r in $(seq 1 "$rounds"); do
   order=("${!names[@]}")
   if [ $((r % 2)) = 0 ]; then order=($(printf '%s\n' "${order[@]}" | tac)); fi
   for i in "${order[@]}"; do
     "$tm" bench --base-url "http://127.0.0.1:${ports[$i]}" --model m --num-warmups 1 --seed "$r" \
-      --json "$out/${names[$i]}.$r.json" "${args[@]}" > /dev/null
+      --json "$out/${names[$i]}.$r.json" "${workload_args[@]}" > /dev/null
   done
 done
 python3 - "$out" "$rounds" "$workload" "${names[@]}" <<'PY'

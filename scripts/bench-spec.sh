@@ -15,6 +15,8 @@
 # flags for both servers, e.g. "--activation-bits 8").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/spec-workloads.sh
+source scripts/spec-workloads.sh
 rounds="${1:-3}"
 tm="$(scripts/tokenmill-bin.sh)"
 model="${MODEL:-$(scripts/fetch-model.sh)}"
@@ -36,14 +38,10 @@ for p in "$port" $((port + 1)); do
 done
 url() { if [ "$1" = on ]; then echo "http://127.0.0.1:$((port + 1))"; else echo "http://127.0.0.1:$port"; fi; }
 bench() { # side workload seed
-  local side=$1 w=$2 seed=$3 args
-  case $w in
-    edit) args=(--dataset-path scripts/data/spec-edit-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
-    chat) args=(--endpoint /v1/chat/completions --dataset-path scripts/data/spec-chat-prompts.jsonl --prompt-format text --num-prompts 8 --concurrency 1) ;;
-    c16) args=(--input-len 128 --output-len 128 --num-prompts 48 --concurrency 16) ;;
-  esac
+  local side=$1 w=$2 seed=$3 workload_args
+  spec_workload_args "$w"
   "$tm" bench --base-url "$(url "$side")" --model m --num-warmups 1 --seed "$seed" \
-    --json "$out/$w.$side.$seed.json" "${args[@]}" > /dev/null
+    --json "$out/$w.$side.$seed.json" "${workload_args[@]}" > /dev/null
 }
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
