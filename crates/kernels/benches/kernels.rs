@@ -30,7 +30,7 @@ use tokenmill_kernels::attention::{
     AttnScratch, AttnSeq, AttnShape, K_SCALE_GROUPS, KvElem, KvLayout, PagedKv, PagedKvMut,
     attention_with, f16,
 };
-use tokenmill_kernels::dispatch::{Kernels, Tier, kernels};
+use tokenmill_kernels::dispatch::{ActFormat, Kernels, Tier, kernels};
 use tokenmill_kernels::glu::matmul_silu_mul_with;
 use tokenmill_kernels::matmul::{PackedMatrix, QMatrix, matmul_multi_with, matmul_with};
 use tokenmill_kernels::ops::add_rms_norm;
@@ -82,19 +82,28 @@ fn bench_matmul(c: &mut Criterion) {
     let (rows, cols) = (HIDDEN, FFN);
     for tier in Tier::supported() {
         let kern = Kernels::new(tier).expect("supported tier");
+        let kern_a8 = kern.with_a8(true);
         let mut g = c.benchmark_group(format!("matmul/{}", tier.name()));
         for ty in TYPES {
             let w = weights(&mut rng, ty, rows, cols);
             let ggml = matrix(ty, rows, cols, &w);
             let packed = PackedMatrix::pack(&ggml);
             for (layout, m) in layouts(ggml, &packed) {
-                for tokens in [1usize, 16, 64] {
-                    let x = random_f32_row(&mut rng, tokens * cols, 1.0);
-                    let mut out = vec![0f32; tokens * rows];
-                    g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
-                    g.bench_function(BenchmarkId::new(format!("{ty}{layout}"), tokens), |b| {
-                        b.iter(|| matmul_with(&one, &kern, black_box(&x), &m, &mut out))
-                    });
+                // Rows16 also against 8-bit activations (`_a8`), where this tier has the kernel.
+                let a8 = kern_a8
+                    .matmul_kernel_for(&m)
+                    .is_some_and(|k| k.act == ActFormat::A8);
+                let runs = [("", &kern), ("_a8", &kern_a8)];
+                for (act, kern) in runs.into_iter().take(if a8 { 2 } else { 1 }) {
+                    for tokens in [1usize, 16, 64] {
+                        let x = random_f32_row(&mut rng, tokens * cols, 1.0);
+                        let mut out = vec![0f32; tokens * rows];
+                        g.throughput(Throughput::Elements((rows * cols * tokens) as u64));
+                        let id = BenchmarkId::new(format!("{ty}{layout}{act}"), tokens);
+                        g.bench_function(id, |b| {
+                            b.iter(|| matmul_with(&one, kern, black_box(&x), &m, &mut out))
+                        });
+                    }
                 }
             }
         }

@@ -56,10 +56,10 @@ pub enum ActivationBits {
     #[default]
     #[value(name = "12")]
     Twelve,
-    /// 8-bit quants per block of 32 (A8, as llama.cpp's Q8 activations): twice the integer
-    /// multiply-adds per instruction on AVX-512 VNNI for the Rows16 weights (Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K)
-    /// (faster prefill and batched decode), at less fidelity (see BENCHMARKS.md); tiers
-    /// without 8-bit kernels keep 12.
+    /// 8-bit quants per block of 32 (A8, as llama.cpp's Q8 activations): about twice the
+    /// integer multiply-adds per instruction for the Rows16 weights (Q4_0/Q4_1/Q5_0/Q4_K/Q6_K,
+    /// and Q8_0 on AVX-512 VNNI) (faster prefill and batched decode), at less fidelity (see
+    /// BENCHMARKS.md); weights without an 8-bit kernel on the tier keep 12.
     #[value(name = "8")]
     Eight,
 }

@@ -4,7 +4,8 @@
 //!
 //! Why: A16's 12-bit quants multiply with `vpdpwssd` (two i16 pairs a lane); 8-bit quants
 //! multiply with `vpdpbusd` (four u8 × i8 products a lane), twice the multiply-adds per
-//! instruction — the rate llama.cpp's and OpenVINO's 8-bit activations run at. The price is
+//! instruction — the rate llama.cpp's and OpenVINO's 8-bit activations run at. On AVX2,
+//! `vpmaddubsw` makes 32 such products an instruction against `vpmaddwd`'s 16. The price is
 //! fidelity: a step of `amax / 127` per block of 32 instead of `amax / 2047` (A16's module
 //! docs give what that does to the default model's logits). A16 stays the default.
 //!

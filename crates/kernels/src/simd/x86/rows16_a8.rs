@@ -167,23 +167,27 @@ unsafe fn sums<const FMT: u8, const NA: usize>(
     }
 }
 
-/// The A8 block at `a`'s `Σ q` of columns 0..16 (`half` 0), 16..32 (1) or all (2), times
-/// `bias`, in every lane.
+/// The A8 block at `a`'s `Σ q` of columns 0..16 (`half` 0), 16..32 (1) or all (2).
 #[inline(always)]
-unsafe fn bias(a: *const u8, half: usize, bias: i32) -> __m512i {
+pub(super) unsafe fn qsum(a: *const u8, half: usize) -> i32 {
     unsafe {
         let s = |h: usize| a.add(A8_SUMS + 2 * h).cast::<i16>().read_unaligned() as i32;
-        let sum = match half {
+        match half {
             0 | 1 => s(half),
             _ => s(0) + s(1),
-        };
-        _mm512_set1_epi32(bias * sum)
+        }
     }
+}
+
+/// [`qsum`] times `bias`, in every lane.
+#[inline(always)]
+unsafe fn bias(a: *const u8, half: usize, bias: i32) -> __m512i {
+    unsafe { _mm512_set1_epi32(bias * qsum(a, half)) }
 }
 
 /// The A8 block's `d` and `s` at `a`.
 #[inline(always)]
-unsafe fn d_s(a: *const u8) -> (f32, f32) {
+pub(super) unsafe fn d_s(a: *const u8) -> (f32, f32) {
     unsafe {
         (
             a.cast::<f32>().read_unaligned(),

@@ -10,16 +10,16 @@
 
 use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, amx, attn, kquants, q32, quantize, rows16, rows16_a8};
+use super::{a16, amx, attn, kquants, q32, quantize, rows16, rows16_a8, rows16_a8_avx2};
 use crate::quant::GgmlType;
 use crate::simd::attn::{AccRows, AttnTile, DotRows};
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
 /// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
 /// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
-/// rows per block).
+/// rows per block), and `$a8()` the table of its Rows16 kernels against A8 activations.
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $a8:literal) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $a8:path) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -258,9 +258,9 @@ macro_rules! tier {
                 set(GgmlType::Q6_K, q6_K_rows16);
                 t.quantize_a16 = quantize_a16;
                 t.quantize_a8 = quantize_a8;
-                // The A8 kernels are AVX-512 only; a 256-bit tier keeps none (not the scalar
-                // references), so its weights run against A16.
-                t.dots_rows16_a8 = if $a8 { rows16_a8::table() } else { [None; 15] };
+                // A weight type without an A8 kernel on this tier (Q8_0 on the 256-bit tiers)
+                // runs against A16, not the scalar reference.
+                t.dots_rows16_a8 = $a8();
                 t.quantize_q8_0 = quantize_q8_0;
                 t.quantize_q8_1 = quantize_q8_1;
                 t.dot_f32 = dot_f32;
@@ -288,7 +288,7 @@ tier!(
     F32x8,
     2,
     1,
-    false
+    rows16_a8_avx2::table
 );
 tier!(
     avx_vnni,
@@ -298,7 +298,7 @@ tier!(
     F32x8,
     2,
     1,
-    false
+    rows16_a8_avx2::table
 );
 tier!(
     avx512_vnni,
@@ -308,7 +308,7 @@ tier!(
     F32x16,
     1,
     4,
-    true
+    rows16_a8::table
 );
 
 /// The AMX tier: the AVX-512 VNNI tier's kernels, plus the AMX int8 matmul of Rows16 weights
