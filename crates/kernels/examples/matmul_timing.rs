@@ -56,6 +56,10 @@ fn main() {
         (GgmlType::Q4_K, 1536, 768),
         (GgmlType::Q4_K, 768, 1536),
         (GgmlType::Q6_K, 1536, 768),
+        // A DeepSeek-V2-Lite expert of the Q4_K bench model: gate (or up), then down (Q5_0:
+        // 1408 columns are no whole K-quant super-blocks).
+        (GgmlType::Q4_K, 1408, 2048),
+        (GgmlType::Q5_0, 2048, 1408),
     ] {
         if only.is_some_and(|t| !t.eq_ignore_ascii_case(&ty.to_string())) {
             continue;

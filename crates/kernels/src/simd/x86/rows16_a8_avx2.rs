@@ -16,7 +16,8 @@
 //! `16 + 4k..` — the activations' own order, so one broadcast dword meets each. The word
 //! interleave works inside 128-bit halves, so the first register holds rows 0..4 and 8..12,
 //! the second rows 4..8 and 12..16: the accumulators and scales stay in that order ([`perm`]
-//! puts per-row f32 vectors into it and back, once per block and once per tile).
+//! puts per-row f32 vectors into it and back: the scales once per block, the results once
+//! per group at the store).
 //!
 //! Range: a `vpmaddubsw` lane is at most `2 · 127 · w_max`. Four-bit weights (Q4_0, Q4_1,
 //! Q4_K, `w_max = 15`) add a whole 32-column block in i16 (16 products, at most 30,480);
