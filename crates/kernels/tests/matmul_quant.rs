@@ -366,6 +366,58 @@ fn a8_reference(case: &Case, t: usize, r: usize) -> f64 {
     ) as f64
 }
 
+/// The A8 kernels' integer sums hold at their extremes: every weight quant at its largest
+/// stored value against activations of all +1 and all −1 (every A8 quant ±127). A kernel that
+/// kept more products in an i16 lane than fit (the AVX2 kernels widen 4-bit blocks once, Q5_0
+/// twice, Q6_K twice per sub-block) would wrap here, far outside the budget; random weights
+/// and activations would not find it.
+#[test]
+fn a8_kernels_hold_the_largest_block_sums() {
+    use tokenmill_kernels::quant::rows16::GROUP;
+    let pool = ThreadPool::new(1);
+    let mut rng = SplitMix64::new(0x5A7);
+    for ty in A8_TYPES {
+        let mut case = Case::new(&mut rng, ty, GROUP, 2, 2);
+        let one = half::f16::from_f32(1.0).to_le_bytes();
+        // The block's f16 scales (and Q6_K's i8 sub-block scales); every other byte 0xFF.
+        let scales: &[(usize, &[u8])] = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[(0, &one)],
+            GgmlType::Q4_1 => &[(0, &one), (2, &one)],
+            GgmlType::Q4_K => &[(0, &one), (2, &one)],
+            GgmlType::Q6_K => &[(192, &[1; 16]), (208, &one)],
+            _ => unreachable!(),
+        };
+        for b in case.w.chunks_mut(ty.type_size()) {
+            b.fill(0xFF);
+            for &(at, v) in scales {
+                b[at..at + v.len()].copy_from_slice(v);
+            }
+        }
+        if ty == GgmlType::Q8_0 {
+            // Its largest quant is 127 (0xFF is −1).
+            case.w.chunks_mut(34).for_each(|b| b[2..].fill(0x7F));
+        }
+        let k = case.k;
+        case.x[..k].fill(1.0);
+        case.x[k..].fill(-1.0);
+        let case = case.in_layout(Layout::Rows16).unwrap();
+        for tier in Tier::supported() {
+            let kernels = Kernels::new(tier).unwrap().with_a8(true);
+            if kernels.matmul_kernel_for(&case.matrix()).unwrap().act != ActFormat::A8 {
+                continue;
+            }
+            let got = case.run(&pool, &kernels);
+            for (i, &got) in got.iter().enumerate() {
+                let want = a8_reference(&case, i / GROUP, i % GROUP);
+                assert!(
+                    (got as f64 - want).abs() <= 1e-5 * want.abs(),
+                    "{tier} {ty} out[{i}]: {got:e} vs {want:e}"
+                );
+            }
+        }
+    }
+}
+
 /// With `with_a8(true)`, Rows16 weights run against 8-bit A8 activations on every tier that
 /// has the kernel (all but Q8_0 on the 256-bit tiers, which keep A16 and are named as
 /// skipped): each output matches the A8 reference within the accumulation budget

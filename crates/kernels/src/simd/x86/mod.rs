@@ -8,8 +8,8 @@
 //!   what `matmul` runs for those formats (512-bit on AVX-512, 256-bit otherwise), tiles of
 //!   16-row groups × up to eight activation rows;
 //! * [`rows16_a8`]: Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K Rows16 against the opt-in 8-bit A8 activations
-//!   on AVX-512 VNNI (`vpdpbusd`), and [`rows16_a8_avx2`] the same but Q8_0 on the 256-bit tiers
-//!   (`vpmaddubsw`);
+//!   on AVX-512 VNNI (`vpdpbusd`), and [`rows16_a8_avx2`] the same formats except Q8_0 on the
+//!   256-bit tiers (`vpmaddubsw`);
 //! * [`q32`]: the same weight formats against ggml's Q8_0/Q8_1, and the block decoders both
 //!   share;
 //! * [`kquants`]: Q4_K/Q5_K/Q6_K against Q8_K, bit-identical to the reference;

@@ -6,8 +6,9 @@
 //! Why: the A16 kernels ([`super::rows16`]) multiply i16 pairs with `vpmaddwd`, 16
 //! multiply-adds an instruction. `vpmaddubsw` makes 32 u8 × i8 products an instruction, and
 //! while a block's sums stay inside i16 they are added as i16 (`vpaddw`, off the multiply
-//! ports) and widened to i32 by one `vpmaddwd` against ones per block — nearly twice the
-//! multiply-adds per multiply-port instruction, the rate llama.cpp's AVX2 kernels run at.
+//! ports) and widened to i32 by a `vpmaddwd` against ones (once per block for 4-bit weights;
+//! see Range) — nearly twice the multiply-adds per multiply-port instruction, the rate
+//! llama.cpp's AVX2 kernels run at.
 //!
 //! Layout: nibble chunks `2k` and `2k + 1` of a group-block (byte `2r + e` of chunk `c`: row
 //! `r`, column `2c + e` low, `16 + 2c + e` high) interleave by 16-bit words
@@ -19,15 +20,18 @@
 //! puts per-row f32 vectors into it and back: the scales once per block, the results once
 //! per group at the store).
 //!
-//! Range: a `vpmaddubsw` lane is at most `2 · 127 · w_max`. Four-bit weights (Q4_0, Q4_1,
-//! Q4_K, `w_max = 15`) add a whole 32-column block in i16 (16 products, at most 30,480);
-//! Q5_0 (`w_max = 31`) widens every 16 columns' worth (two chunk pairs), Q6_K (`63`) every
-//! 8 of a 16-column sub-block's columns. A block's exact integer sum then drops its zero
-//! point with the A8 block's sums, as [`super::rows16_a8`] does, and meets the scales in the
-//! same FMAs as the A16 kernels.
+//! Range: a `vpmaddubsw` lane is at most `2 · 128 · w_max` in magnitude, for any i8
+//! activation (the quantizer writes ±127 at most). Four-bit weights (Q4_0, Q4_1, Q4_K,
+//! `w_max = 15`) add a whole 32-column block in i16 (16 products, at most 30,720); Q5_0
+//! (`w_max = 31`) widens every 16 columns' worth (two chunk pairs), Q6_K (`63`) every 8 of a
+//! 16-column sub-block's columns (`a8_kernels_hold_the_largest_block_sums` runs every
+//! format at its extremes). A block's exact integer sum then drops its zero point with the
+//! A8 block's sums (trusted as the quantizer wrote them, as [`super::rows16_a8`] does) and
+//! meets the scales in the same FMAs as the A16 kernels.
 //!
-//! Numerics: exact block sums in i32, converted whole; only the scale FMAs differ from the
-//! reference twin ([`crate::quant::rows16::vec_dot_a8`]).
+//! Numerics: exact sums in i32 of each block (each 32-column sub-block of Q4_K, each
+//! 16-column one of Q6_K), converted whole; only the scale FMAs differ from the reference
+//! twin ([`crate::quant::rows16::vec_dot_a8`]).
 
 use std::arch::x86_64::*;
 
@@ -370,6 +374,9 @@ impl GroupA8 for A8Q6K {
         }
     }
 }
+
+// `tile` matches row counts up to 8.
+const _: () = assert!(MAX_ROWS_16 == 8);
 
 /// A whole tile of Rows16 weights (`t.w_stride` the bytes of a group) against A8 rows,
 /// `1 <= t.n_a <= MAX_ROWS_16`, in passes of up to `G::PASS` rows over each group.
