@@ -575,6 +575,17 @@ impl Kernels {
         self.a8 && self.fns.dots_rows16_a8.iter().any(Option::is_some)
     }
 
+    /// The Rows16 weight types that run against A16 although [`Self::with_a8`] asked for
+    /// 8-bit activations: those without an A8 kernel on this tier (Q8_0 on the 256-bit
+    /// tiers); every Rows16 type where A8 was not asked for.
+    pub fn rows16_types_at_12_bits(&self) -> Vec<GgmlType> {
+        GgmlType::ALL
+            .into_iter()
+            .filter(|&ty| crate::quant::rows16::supports(ty))
+            .filter(|&ty| !self.a8 || self.fns.dots_rows16_a8[ty as usize].is_none())
+            .collect()
+    }
+
     /// The kernel `matmul` uses for weight type `ty` (activation format
     /// [`ActFormat::for_matmul`]), or `None` for float weights.
     pub fn matmul_kernel(&self, ty: GgmlType) -> Option<DotKernel> {

@@ -446,6 +446,12 @@ fn a8_matmul_matches_its_reference_where_a_tier_has_it() {
             for tier in Tier::supported() {
                 let kernels = Kernels::new(tier).unwrap().with_a8(true);
                 let act = kernels.matmul_kernel_for(&case.matrix()).unwrap().act;
+                // What the serve log reports is what runs.
+                assert_eq!(
+                    kernels.rows16_types_at_12_bits().contains(&ty),
+                    act != ActFormat::A8,
+                    "{tier} {ty}"
+                );
                 if act != ActFormat::A8 {
                     if (n, blocks, t) == SHAPES[0] {
                         eprintln!("skipped: {tier} has no A8 kernel for Rows16 {ty} (runs A16)");

@@ -153,7 +153,19 @@ pub fn kernels_summary() -> String {
         Err(why) => format!("{tier} (no AMX: {why})"),
     };
     if kernels().runs_a8() {
-        format!("{summary}, 8-bit activations")
+        let at_12: Vec<String> = kernels()
+            .rows16_types_at_12_bits()
+            .iter()
+            .map(|ty| ty.to_string())
+            .collect();
+        if at_12.is_empty() {
+            format!("{summary}, 8-bit activations")
+        } else {
+            format!(
+                "{summary}, 8-bit activations ({} weights at 12 bits: no 8-bit kernel on this tier)",
+                at_12.join("/")
+            )
+        }
     } else {
         summary
     }
