@@ -961,7 +961,8 @@ fn official_openai_python_client_structured_outputs_and_tools() {
 }
 
 /// `--activation-bits 8` reaches the engine: `/server_info` reports 8-bit activations where
-/// the tier has the kernels (AVX-512 VNNI) and 12 elsewhere, and the server answers.
+/// the tier has the kernels (AVX-512 VNNI, AVX-VNNI and AVX2) and 12 elsewhere, and the
+/// server answers.
 #[test]
 fn activation_bits_flag_reaches_the_kernels() {
     let args = [
@@ -981,7 +982,8 @@ fn activation_bits_flag_reaches_the_kernels() {
             r.json().await
         })
         .unwrap();
-    let a8 = tokenmill_kernels::dispatch::Tier::Avx512Vnni.is_supported();
+    use tokenmill_kernels::dispatch::{Kernels, Tier};
+    let a8 = Kernels::new(Tier::best()).unwrap().with_a8(true).runs_a8();
     assert_eq!(v["activation_bits"], if a8 { 8 } else { 12 }, "{v}");
     assert!(
         v["kernels"].as_str().unwrap().contains("8-bit") == a8,
