@@ -1,16 +1,28 @@
 //! Times `attention` on decode and prefill shapes of the default model (SmolLM2-135M: 9 heads,
 //! 3 KV heads, head dim 64): `cargo run --release -p tokenmill-kernels --example attention`.
 //! A benchmark, not a test: quote ratios of interleaved runs, not lone numbers.
+//! `KV=f16` (or `bf16`, `f32`: the default) picks the cache's element type.
 
 use std::time::Instant;
 
+use half::bf16;
+
 use tokenmill_kernels::attention::{
-    AttnScratch, AttnSeq, AttnShape, KvLayout, PagedKv, attention_with,
+    AttnScratch, AttnSeq, AttnShape, KvElem, KvLayout, PagedKv, attention_with, f16,
 };
 use tokenmill_kernels::dispatch::kernels;
 use tokenmill_kernels::pool::{ThreadPool, global};
 
 fn main() {
+    match std::env::var("KV").as_deref() {
+        Ok("f16") => run::<f16>(),
+        Ok("bf16") => run::<bf16>(),
+        Ok("f32") | Err(_) => run::<f32>(),
+        Ok(other) => panic!("KV={other}: f32, f16 or bf16"),
+    }
+}
+
+fn run<E: KvElem>() {
     let shape = AttnShape {
         n_heads: 9,
         n_kv_heads: 3,
@@ -30,7 +42,12 @@ fn main() {
         .and_then(|t| t.parse().ok());
     let own = threads.map(ThreadPool::new);
     let (pool, k) = (own.as_ref().unwrap_or_else(|| global()), kernels());
-    println!("tier {}, {} threads", k.tier(), pool.num_threads());
+    println!(
+        "tier {}, {} threads, {:?} K/V",
+        k.tier(),
+        pool.num_threads(),
+        E::DTYPE
+    );
     let only = std::env::args().nth(1);
     // `layers` separate caches, visited in turn: with 30 (the default model's depth) the K/V
     // come from memory, as in a real decode step, not from a warm cache.
@@ -50,11 +67,11 @@ fn main() {
         let per_seq = ctx.div_ceil(16);
         let blocks = b * per_seq;
         let len = blocks * layout.block_len();
-        let kbuf: Vec<f32> = (0..len)
-            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        let kbuf: Vec<E> = (0..len)
+            .map(|i| E::from_f32(((i * 7919) % 1000) as f32 / 1000.0 - 0.5))
             .collect();
-        let vbuf: Vec<f32> = (0..len)
-            .map(|i| ((i * 104729) % 1000) as f32 / 1000.0 - 0.5)
+        let vbuf: Vec<E> = (0..len)
+            .map(|i| E::from_f32(((i * 104729) % 1000) as f32 / 1000.0 - 0.5))
             .collect();
         let kv = PagedKv::new(&kbuf, &vbuf, layout);
         let tables: Vec<Vec<u32>> = (0..b)

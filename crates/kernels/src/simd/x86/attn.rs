@@ -3,17 +3,21 @@
 //! or sixteen of `__m512`) and instantiated by the tier entry points of [`super::tiers`].
 //!
 //! Layout of one tile step ([`tile`]), for a block of up to `R` query rows at a time (four
-//! on AVX-512, one on AVX2, whose sixteen registers one row's chains already fill):
+//! on AVX-512; two on AVX2, three when they are the whole step, as a decode row's three
+//! grouped heads):
 //! * **scores**: the [`KEY_TILE`] keys of the tile are `KV` vectors wide (`KV · N == 16`);
 //!   per row, four accumulator chains (one per quarter of `head_dim`) of `KV` vectors each,
 //!   fed by broadcasting one query element against one transposed key row — no horizontal
-//!   sums, and `4 · R · KV` independent FMA chains (8 to 16) to hide FMA latency;
+//!   sums, and `4 · R · KV` independent FMA chains (8 to 16) to hide FMA latency. With
+//!   sixteen registers (AVX2) the rows of a block sum their chains two at a time (one at a
+//!   time for three rows), so that a block's rows share each key load without spilling;
 //! * **softmax**: mask lanes past `n_valid` to `-inf`, tile max, [`F32s::exp2`] (a degree-6
 //!   polynomial after range reduction, evaluated by Estrin's scheme to shorten the dependency
 //!   chain, flushed to zero below `2^-64` — see [`EXP2_FLUSH`]), lane sum;
-//! * **values**: blocks of up to four `head_dim` vectors per row held in registers while the
-//!   tile's value rows stream by, one FMA per (key, vector); rows of a block share each loaded
-//!   value vector.
+//! * **values**: blocks of `head_dim` vectors per row held in registers while the tile's
+//!   value rows stream by, one FMA per (key, vector); rows of a block share each loaded value
+//!   vector. Four vectors a row; eight for a lone row (four FMA chains would wait on their
+//!   latency), two for three rows on AVX2 (twelve would spill).
 //!
 //! Each row's operations are exactly those of the canonical order of [`crate::simd::attn`]
 //! (with FMAs where the scalar tier multiplies then adds), whatever `R` and however rows are
@@ -364,10 +368,14 @@ macro_rules! by_rows {
     };
 }
 
-/// One [`AttnTile`] step over a K/V store of `E` (f32, f16, bf16 or int8): rows in blocks of up to `R`
-/// (at most 4), keys `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks
-/// share each key and value load among more rows and overlap the rows' softmax dependency
-/// chains (max, `exp2`, sums: the latency that bounds a decode tile step).
+/// One [`AttnTile`] step over a K/V store of `E` (f32, f16, bf16 or int8): a step of at most
+/// `R1` rows as one block, else rows in pipelined blocks of up to `R` (`R <= R1 <= 4`), keys
+/// `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks share each key and
+/// value load among more rows and overlap the rows' softmax dependency chains (max, `exp2`,
+/// sums: the latency that bounds a decode tile step). On AVX2, two-row blocks measured 1.25×
+/// one-row blocks in a 512-token prefill, and a decode step's three grouped heads 1.17× as
+/// one block rather than two + one; three-row pipelined blocks spill (the next block's scores
+/// stay live across this block's values).
 ///
 /// The blocks are software-pipelined: the next block's scores are issued before this block's
 /// values, and its softmax after them. A block's values wait on its softmax chain; issued
@@ -381,18 +389,20 @@ macro_rules! by_rows {
 ///
 /// As [`crate::simd::attn::AttnTileFn`]; `head_dim` a multiple of `S::N`.
 #[inline(always)]
-pub unsafe fn tile<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(t: &AttnTile<E>) {
+pub unsafe fn tile<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize, const R1: usize>(
+    t: &AttnTile<E>,
+) {
     debug_assert_eq!(KV * S::N, KEY_TILE);
     debug_assert_eq!(t.head_dim % S::N, 0);
-    debug_assert!((1..=4).contains(&R));
+    debug_assert!((1..=4).contains(&R) && (R..=4).contains(&R1));
     let Some(mut cur) = next_block::<E, R>(t, None) else {
         return;
     };
     unsafe {
-        if cur.n == t.n_rows {
+        if t.n_rows <= R1 {
             // One block (a decode row's grouped heads): nothing to overlap, and one
             // monomorphized body keeps its scores and probabilities in registers.
-            by_rows!(cur.n, one_block::<S, E, KV>(t));
+            by_rows!(t.n_rows, one_block::<S, E, KV>(t));
             return;
         }
         let mut st = Block::<S, KV>::new();
@@ -481,37 +491,71 @@ unsafe fn scores<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(
     r0: usize,
     out: &mut [[S; KV]; 4],
 ) {
+    // Chains summed a pass at a time: with sixteen registers (`N == 8`), more than one
+    // row's four chains spill, so rows take the chains in pairs (one by one for three rows).
+    // A row's arithmetic is the same either way.
+    if S::N == 8 && R == 2 {
+        unsafe { scores_in::<S, E, KV, R, 2>(t, r0, out) }
+    } else if S::N == 8 && R > 2 {
+        unsafe { scores_in::<S, E, KV, R, 1>(t, r0, out) }
+    } else {
+        unsafe { scores_in::<S, E, KV, R, 4>(t, r0, out) }
+    }
+}
+
+/// [`scores`] with `CP` of the four chains (1, 2 or 4) summed a pass at a time.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scores_in<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize, const CP: usize>(
+    t: &AttnTile<E>,
+    r0: usize,
+    out: &mut [[S; KV]; 4],
+) {
     let hd = t.head_dim;
     let quarter = hd / 4;
     unsafe {
-        let mut c = [[[S::zero(); KV]; 4]; R];
-        for i in 0..quarter {
-            for ch in 0..4 {
-                let d = ch * quarter + i;
-                let kp = t.kt.add(d * t.kt_stride);
-                let mut kv = [S::zero(); KV];
-                for (k, kv) in kv.iter_mut().enumerate() {
-                    *kv = S::load_kv(kp.add(k * S::N));
+        // Each row's chains, after the pass that sums them (scaled over int8).
+        let mut done = [[[S::zero(); KV]; 4]; R];
+        for pass in 0..4 / CP {
+            let mut c = [[[S::zero(); KV]; CP]; R];
+            for i in 0..quarter {
+                for cc in 0..CP {
+                    let d = (pass * CP + cc) * quarter + i;
+                    let kp = t.kt.add(d * t.kt_stride);
+                    let mut kv = [S::zero(); KV];
+                    for (k, kv) in kv.iter_mut().enumerate() {
+                        *kv = S::load_kv(kp.add(k * S::N));
+                    }
+                    for (rr, c) in c.iter_mut().enumerate() {
+                        let q = S::splat(*t.q.add((r0 + rr) * hd + 4 * i + pass * CP + cc));
+                        for k in 0..KV {
+                            c[cc][k] = S::fma(q, kv[k], c[cc][k]);
+                        }
+                    }
                 }
-                for (rr, c) in c.iter_mut().enumerate() {
-                    let q = S::splat(*t.q.add((r0 + rr) * hd + 4 * i + ch));
+            }
+            for rr in 0..R {
+                for cc in 0..CP {
+                    let ch = pass * CP + cc;
                     for k in 0..KV {
-                        c[ch][k] = S::fma(q, kv[k], c[ch][k]);
+                        done[rr][ch][k] = if E::SCALED {
+                            S::mul(
+                                c[rr][cc][k],
+                                S::load(t.k_scale.add(ch * t.kt_stride + k * S::N)),
+                            )
+                        } else {
+                            c[rr][cc][k]
+                        };
                     }
                 }
             }
         }
         for rr in 0..R {
             let nv = *t.n_valid.add(r0 + rr) as usize;
-            let cc = &c[rr];
+            let c = &done[rr];
             for k in 0..KV {
-                let mut c = [cc[0][k], cc[1][k], cc[2][k], cc[3][k]];
-                if E::SCALED {
-                    for (ch, c) in c.iter_mut().enumerate() {
-                        *c = S::mul(*c, S::load(t.k_scale.add(ch * t.kt_stride + k * S::N)));
-                    }
-                }
-                out[rr][k] = S::add(S::add(c[0], c[1]), S::add(c[2], c[3])).mask_from(k * S::N, nv);
+                out[rr][k] = S::add(S::add(c[0][k], c[1][k]), S::add(c[2][k], c[3][k]))
+                    .mask_from(k * S::N, nv);
             }
         }
     }
@@ -567,6 +611,20 @@ unsafe fn values<S: LoadKv<E>, E: KvElem, const KV: usize, const R: usize>(
     let nvec = t.head_dim / S::N;
     let mut b = 0;
     unsafe {
+        // A lone row holds eight vectors: four FMA chains would stall on their latency.
+        if R == 1 {
+            while b + 8 <= nvec {
+                pv_block::<S, E, R, 8>(t, r0, b, &st.p, &st.corr, &st.n_valid, common);
+                b += 8;
+            }
+        }
+        // Three rows of four vectors spill sixteen registers.
+        if S::N == 8 && R > 2 {
+            while b + 2 <= nvec {
+                pv_block::<S, E, R, 2>(t, r0, b, &st.p, &st.corr, &st.n_valid, common);
+                b += 2;
+            }
+        }
         while b + 4 <= nvec {
             pv_block::<S, E, R, 4>(t, r0, b, &st.p, &st.corr, &st.n_valid, common);
             b += 4;

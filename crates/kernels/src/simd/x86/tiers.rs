@@ -17,9 +17,10 @@ use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
 /// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
 /// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
-/// rows per block), and `$a8()` the table of its Rows16 kernels against A8 activations.
+/// rows per pipelined block, steps of up to `$one` rows in one block), and `$a8()` the table of
+/// its Rows16 kernels against A8 activations.
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $a8:path) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $one:literal, $a8:path) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -148,7 +149,7 @@ macro_rules! tier {
             /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_tile(t: &AttnTile) {
-                unsafe { attn::tile::<$f32s, f32, $kv, $rows>(t) }
+                unsafe { attn::tile::<$f32s, f32, $kv, $rows, $one>(t) }
             }
 
             /// # Safety
@@ -156,7 +157,7 @@ macro_rules! tier {
             /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_tile_f16(t: &AttnTile<half::f16>) {
-                unsafe { attn::tile::<$f32s, half::f16, $kv, $rows>(t) }
+                unsafe { attn::tile::<$f32s, half::f16, $kv, $rows, $one>(t) }
             }
 
             /// # Safety
@@ -164,7 +165,7 @@ macro_rules! tier {
             /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_tile_bf16(t: &AttnTile<half::bf16>) {
-                unsafe { attn::tile::<$f32s, half::bf16, $kv, $rows>(t) }
+                unsafe { attn::tile::<$f32s, half::bf16, $kv, $rows, $one>(t) }
             }
 
             /// # Safety
@@ -172,7 +173,7 @@ macro_rules! tier {
             /// As [`crate::simd::attn::AttnTileFn`], with this tier's CPU features.
             #[target_feature(enable = $features)]
             pub unsafe fn attn_tile_i8(t: &AttnTile<i8>) {
-                unsafe { attn::tile::<$f32s, i8, $kv, $rows>(t) }
+                unsafe { attn::tile::<$f32s, i8, $kv, $rows, $one>(t) }
             }
 
             /// # Safety
@@ -287,7 +288,8 @@ tier!(
     rows16::Y256<rows16::MaddAdd>,
     F32x8,
     2,
-    1,
+    2,
+    3,
     rows16_a8_avx2::table
 );
 tier!(
@@ -297,7 +299,8 @@ tier!(
     rows16::Y256<rows16::VexDpwssd>,
     F32x8,
     2,
-    1,
+    2,
+    3,
     rows16_a8_avx2::table
 );
 tier!(
@@ -307,6 +310,7 @@ tier!(
     rows16::Z512,
     F32x16,
     1,
+    4,
     4,
     rows16_a8::table
 );
