@@ -185,10 +185,17 @@ impl<S: AttnSeqs + ?Sized, T: KvElem> Ctx<'_, S, T> {
     /// `c · hd / 4 + i` at `4 · i + c`).
     fn load_q(&self, row: usize, h: usize, dst: &mut [f32]) {
         let quarter = self.shape.head_dim / 4;
-        for (c, src) in self.q_row(row, h).chunks_exact(quarter).enumerate() {
-            for (i, &x) in src.iter().enumerate() {
-                dst[4 * i + c] = x * self.q_scale;
-            }
+        let src = self.q_row(row, h);
+        let (s0, rest) = src.split_at(quarter);
+        let (s1, rest) = rest.split_at(quarter);
+        let (s2, s3) = rest.split_at(quarter);
+        // Written in order, four elements at a time (the strided stores of a loop per
+        // quarter cost ~5% of a 512-token prefill's attention).
+        for (i, d) in dst.chunks_exact_mut(4).enumerate() {
+            d[0] = s0[i] * self.q_scale;
+            d[1] = s1[i] * self.q_scale;
+            d[2] = s2[i] * self.q_scale;
+            d[3] = s3[i] * self.q_scale;
         }
     }
 }
