@@ -373,8 +373,8 @@ macro_rules! by_rows {
 /// `KV` vectors wide (`KV · S::N` must be [`KEY_TILE`]). Larger blocks share each key and
 /// value load among more rows and overlap the rows' softmax dependency chains (max, `exp2`,
 /// sums: the latency that bounds a decode tile step). On AVX2, two-row blocks measured 1.25×
-/// one-row blocks in a 512-token prefill, and a decode step's three grouped heads 1.17× as
-/// one block rather than two + one; three-row pipelined blocks spill (the next block's scores
+/// one-row blocks in a 512-token prefill, and a decode step's three grouped heads 1.07–1.09×
+/// as one block rather than two + one; three-row pipelined blocks spill (the next block's scores
 /// stay live across this block's values).
 ///
 /// The blocks are software-pipelined: the next block's scores are issued before this block's
