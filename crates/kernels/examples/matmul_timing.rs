@@ -56,6 +56,8 @@ fn main() {
         (GgmlType::Q4_K, 1536, 768),
         (GgmlType::Q4_K, 768, 1536),
         (GgmlType::Q6_K, 1536, 768),
+        // The DeepSeek-V2-Lite-shaped bench model's LM head (172 MB: it streams from memory).
+        (GgmlType::Q6_K, 102400, 2048),
         // A DeepSeek-V2-Lite expert of the Q4_K bench model: gate (or up), then down (Q5_0:
         // 1408 columns are no whole K-quant super-blocks).
         (GgmlType::Q4_K, 1408, 2048),

@@ -369,8 +369,9 @@ fn a8_reference(case: &Case, t: usize, r: usize) -> f64 {
 /// The A8 kernels' integer sums hold at their extremes: every weight quant at its largest
 /// stored value against activations of all +1 and all −1 (every A8 quant ±127). A kernel that
 /// kept more products in an i16 lane than fit (the AVX2 kernels widen 4-bit blocks once, Q5_0
-/// twice, Q6_K twice per sub-block) would wrap here, far outside the budget; random weights
-/// and activations would not find it.
+/// twice, Q6_K every two `vpmaddubsw`) would wrap here, far outside the budget; random weights
+/// and activations would not find it. Q6_K's sub-block scales are −128, the largest i8 in
+/// magnitude (the AVX2 kernel multiplies its i16 sums by them).
 #[test]
 fn a8_kernels_hold_the_largest_block_sums() {
     use tokenmill_kernels::quant::rows16::GROUP;
@@ -384,7 +385,7 @@ fn a8_kernels_hold_the_largest_block_sums() {
             GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[(0, &one)],
             GgmlType::Q4_1 => &[(0, &one), (2, &one)],
             GgmlType::Q4_K => &[(0, &one), (2, &one)],
-            GgmlType::Q6_K => &[(192, &[1; 16]), (208, &one)],
+            GgmlType::Q6_K => &[(192, &[0x80; 16]), (208, &one)],
             _ => unreachable!(),
         };
         for b in case.w.chunks_mut(ty.type_size()) {

@@ -27,11 +27,14 @@
 //! 16-column sub-block's columns (`a8_kernels_hold_the_largest_block_sums` runs every
 //! format at its extremes). A block's exact integer sum then drops its zero point with the
 //! A8 block's sums (trusted as the quantizer wrote them, as [`super::rows16_a8`] does) and
-//! meets the scales in the same FMAs as the A16 kernels.
+//! meets the scales in the same FMAs as the A16 kernels. Q6_K's i8 sub-block scales instead
+//! multiply its i16 sums in the widening `vpmaddwd` (in place of ones), so both sub-blocks
+//! of a 32-column chunk meet `d · d_a` in one FMA.
 //!
 //! Numerics: exact sums in i32 of each block (each 32-column sub-block of Q4_K, each
-//! 16-column one of Q6_K), converted whole; only the scale FMAs differ from the reference
-//! twin ([`crate::quant::rows16::vec_dot_a8`]).
+//! 32-column chunk of Q6_K with its sub-block scales inside), converted whole; only the scale
+//! FMAs differ from the reference twin ([`crate::quant::rows16::vec_dot_a8`]), which scales
+//! Q6_K's sub-blocks in f32.
 
 use std::arch::x86_64::*;
 
@@ -40,7 +43,7 @@ use super::rows16::{
 };
 use super::rows16_a8::{d_s, qsum};
 use crate::quant::GgmlType;
-use crate::quant::a8::{A8_BYTES, A8_QS};
+use crate::quant::a8::{A8_BYTES, A8_QS, A8_SUMS};
 use crate::quant::rows16::{
     GROUP, Q4_K_SUB_BYTES, Q5_0_HBITS, Q6_K_HBITS, Q6_K_SCALES, Q6_K_SUB_BYTES, quants_offset,
 };
@@ -297,79 +300,170 @@ impl GroupA8 for A8Q4K {
     }
 }
 
-/// Rows16 Q6_K against A8: each 32-column chunk two 16-column sub-blocks (its low and its
-/// high nibbles), one pass over the chunk per sub-block.
+/// Rows16 Q6_K against A8, one half of the group's rows at a time (`H` 0: rows 0..4 and
+/// 8..12, the word interleave's low halves; 1: rows 4..8 and 12..16), both 16-column
+/// sub-blocks of a 32-column chunk in one pass over its quants.
+///
+/// Each sub-block's i16 sums meet its i8 scale in the widening `vpmaddwd` (in place of ones),
+/// so a chunk's two sub-blocks add into one exact i32 sum per row:
+/// `Σ_h sc_h · (Σ q_w · q_a − 32 · Σ q_a)`, the zero points from the A8 block's two half sums
+/// in one `vpmaddwd` against the pairs `32 · (sc_0, sc_1)`. That sum is converted once and
+/// meets `d · d_a`: the reference ([`crate::quant::rows16::vec_dot_a8`]) scales each
+/// sub-block's sum in f32 instead, which rounds differently (within the A8 budget).
 struct A8Q6K;
 
 /// Bytes of a Q6_K group-block.
 const Q6_K_BYTES: usize = GROUP * 210;
 
-impl GroupA8 for A8Q6K {
-    /// Four rows a pass measured 1.3–2.5× faster than eight (8 and 64 rows, one thread).
-    const PASS: usize = 4;
+/// The six-bit quants `q + 32` of chunk pair `k` (chunks `2k`, `2k + 1` at `qs + 64 k`, their
+/// top-bit plane at `qs + Q6_K_HBITS + 32 k`) for half `H` of the rows, as `(low, high)`: the
+/// low nibbles (the chunk's first sub-block) and the high ones (its second), each eight
+/// row-lanes of four u8 in the activations' column order.
+///
+/// The plane's byte `2r + e` holds chunk `2k`'s top bits at bits 0..2 (low nibble) and 2..4
+/// (high), chunk `2k + 1`'s at 4..6 and 6..8. Interleaved by words with itself shifted left by
+/// four, its bits 4..6 are the low nibbles' top bits and bits 6..8 the high ones' (a 16-bit
+/// shift keeps each byte's bits 4..8 from its own byte).
+#[inline(always)]
+unsafe fn six_bits<const H: usize>(qs: *const u8, k: usize) -> I2 {
+    unsafe {
+        let c0 = _mm256_loadu_si256(qs.add(4 * GROUP * k).cast());
+        let c1 = _mm256_loadu_si256(qs.add(4 * GROUP * k + 2 * GROUP).cast());
+        let p = _mm256_loadu_si256(qs.add(Q6_K_HBITS + 2 * GROUP * k).cast());
+        let p4 = _mm256_slli_epi16(p, 4);
+        let (x, u) = if H == 0 {
+            (_mm256_unpacklo_epi16(c0, c1), _mm256_unpacklo_epi16(p4, p))
+        } else {
+            (_mm256_unpackhi_epi16(c0, c1), _mm256_unpackhi_epi16(p4, p))
+        };
+        let (m4, m6) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        let lo = _mm256_or_si256(_mm256_and_si256(x, m4), _mm256_and_si256(u, m6));
+        let hi = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(x, 4), m4),
+            _mm256_and_si256(_mm256_srli_epi16(u, 2), m6),
+        );
+        (lo, hi)
+    }
+}
 
-    /// Half `s` of chunk pair `k` is its nibbles `s` ORed with their top two bits from
-    /// plane `k` (byte `2r + e`: column `2c + e` at bit `4 (c % 2)`, column `16 + 2c + e` at
-    /// bit `4 (c % 2) + 2`), moved to bits 4..6: the quants `q + 32`. Each sub-block's exact
-    /// sum drops `32 · Σ q_a` of its 16 columns and meets `d · sc`, `2j` before `2j + 1`, as
-    /// the reference adds them.
+/// The i16 scales of sub-blocks `2j` and `2j + 1` at `sc` (two planes of 16 i8) for half `H`
+/// of the rows: each row's scale in both words of its lane, then the pairs
+/// `32 · (sc_2j, sc_2j+1)` a lane, for the zero points.
+#[inline(always)]
+unsafe fn six_scales<const H: usize>(sc: *const u8) -> [__m256i; 3] {
+    unsafe {
+        let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.cast()));
+        let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.add(GROUP).cast()));
+        let half = |a, b| {
+            if H == 0 {
+                _mm256_unpacklo_epi16(a, b)
+            } else {
+                _mm256_unpackhi_epi16(a, b)
+            }
+        };
+        [
+            half(s0, s0),
+            half(s1, s1),
+            _mm256_slli_epi16(half(s0, s1), 5),
+        ]
+    }
+}
+
+impl A8Q6K {
+    /// `f(group-block, chunk j, its d in the kernels' row order, the rows' A8 blocks of
+    /// chunk j)` for every chunk of the group at `w`, in column order.
+    #[inline(always)]
+    unsafe fn chunks<const NA: usize>(
+        t: &Tile,
+        w: *const u8,
+        mut f: impl FnMut(*const u8, usize, F2, &[*const u8; NA]),
+    ) {
+        unsafe {
+            for b in 0..t.nb {
+                let wb = w.add(b * Q6_K_BYTES);
+                let d = perm(L::f16(wb));
+                for j in 0..8 {
+                    let a: [*const u8; NA] =
+                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
+                    f(wb, j, d, &a);
+                }
+            }
+        }
+    }
+
+    /// Half `H` of chunk `j` of the group-block at `wb` (scales `d` in the half's row order)
+    /// against the `NA` A8 blocks `a[r]`: `acc[r] +` each row's dot.
+    #[inline(always)]
+    unsafe fn half<const H: usize, const NA: usize>(
+        wb: *const u8,
+        j: usize,
+        d: __m256,
+        a: &[*const u8; NA],
+        acc: &mut [__m256; NA],
+    ) {
+        unsafe {
+            let qs = wb.add(quants_offset(GgmlType::Q6_K) + j * Q6_K_SUB_BYTES);
+            let [sc0, sc1, zp] = six_scales::<H>(wb.add(Q6_K_SCALES + GROUP * 2 * j));
+            let mut sumi = [_mm256_setzero_si256(); NA];
+            for kp in 0..2 {
+                let (lo0, hi0) = six_bits::<H>(qs, 2 * kp);
+                let (lo1, hi1) = six_bits::<H>(qs, 2 * kp + 1);
+                for (s, &a) in sumi.iter_mut().zip(a) {
+                    let q = |c: usize| bcst(a.add(A8_QS + c + 8 * kp));
+                    // Six-bit weights: two products a lane each, two `vpmaddubsw` a widening.
+                    let t0 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo0, q(0)),
+                        _mm256_maddubs_epi16(lo1, q(4)),
+                    );
+                    let t1 = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(hi0, q(16)),
+                        _mm256_maddubs_epi16(hi1, q(20)),
+                    );
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(t0, sc0));
+                    *s = _mm256_add_epi32(*s, _mm256_madd_epi16(t1, sc1));
+                }
+            }
+            for r in 0..NA {
+                let z = _mm256_madd_epi16(bcst(a[r].add(A8_SUMS)), zp);
+                let s = _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[r], z));
+                let dd = _mm256_mul_ps(d, _mm256_set1_ps(d_s(a[r]).0));
+                acc[r] = _mm256_fmadd_ps(s, dd, acc[r]);
+            }
+        }
+    }
+}
+
+impl GroupA8 for A8Q6K {
+    /// Eight rows a pass: a half holds eight i32 sums and the four weight registers of two
+    /// chunk pairs (the f32 sums wait in memory between chunks).
+    const PASS: usize = 8;
+
+    /// Up to two rows take both halves of a chunk before the next: a decode step streams the
+    /// weights once. More rows run one half of the group's rows over all its columns, then
+    /// the other (reading the group again from cache), which keeps fewer sums in registers.
     #[inline(always)]
     unsafe fn group<const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
         unsafe {
             let n_rows = (t.n_w - row0).min(GROUP);
-            let qs0 = quants_offset(GgmlType::Q6_K);
-            let mut acc = [(_mm256_setzero_ps(), _mm256_setzero_ps()); NA];
-            for b in 0..t.nb {
-                let wb = w.add(b * Q6_K_BYTES);
-                let d = L::f16(wb);
-                for j in 0..8 {
-                    let qs = wb.add(qs0 + j * Q6_K_SUB_BYTES);
+            let mut lo = [_mm256_setzero_ps(); NA];
+            let mut hi = [_mm256_setzero_ps(); NA];
+            if NA <= 2 {
+                Self::chunks(t, w, |wb, j, d, a| {
                     prefetch_ahead(wb.add(j * Q6_K_BYTES / 8), Q6_K_BYTES / 8);
-                    let a: [*const u8; NA] =
-                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
-                    for s in 0..2 {
-                        let mut sumi = [zero2(); NA];
-                        let mut s16 = [zero2(); NA];
-                        for k in 0..4 {
-                            let (x, y) = chunk_pair(qs.add(4 * GROUP * k));
-                            let (x, y) = if s == 0 {
-                                (nibbles(x).0, nibbles(y).0)
-                            } else {
-                                (nibbles(x).1, nibbles(y).1)
-                            };
-                            let p = _mm256_loadu_si256(qs.add(Q6_K_HBITS + 2 * GROUP * k).cast());
-                            // Chunk 2k's top bits at bits 2s..2s + 2, chunk 2k + 1's at
-                            // 4 + 2s..: both to bits 4..6.
-                            let (hx, hy) = if s == 0 {
-                                pair_masked(_mm256_slli_epi16(p, 4), p, 0x30)
-                            } else {
-                                pair_masked(_mm256_slli_epi16(p, 2), _mm256_srli_epi16(p, 2), 0x30)
-                            };
-                            let (x, y) = (_mm256_or_si256(x, hx), _mm256_or_si256(y, hy));
-                            for (acc, &a) in s16.iter_mut().zip(&a) {
-                                let q = bcst(a.add(A8_QS + 16 * s + 4 * k));
-                                acc.0 = dot16(acc.0, x, q);
-                                acc.1 = dot16(acc.1, y, q);
-                            }
-                            // Six-bit weights: at most 4 products a lane between widenings.
-                            if k % 2 == 1 {
-                                for (acc, s) in sumi.iter_mut().zip(s16.iter_mut()) {
-                                    *acc = widen(*acc, *s);
-                                    *s = zero2();
-                                }
-                            }
-                        }
-                        let sc = L::load_i8_i32(wb.add(Q6_K_SCALES + GROUP * (2 * j + s)));
-                        let ds = perm(L::mul_i(d, sc));
-                        for r in 0..NA {
-                            let sumi = sub2(sumi[r], 32 * qsum(a[r], s));
-                            acc[r] = scale(acc[r], sumi, ds, d_s(a[r]).0);
-                        }
-                    }
-                }
+                    Self::half::<0, NA>(wb, j, d.0, a, &mut lo);
+                    Self::half::<1, NA>(wb, j, d.1, a, &mut hi);
+                });
+            } else {
+                Self::chunks(t, w, |wb, j, d, a| {
+                    prefetch_ahead(wb.add(j * Q6_K_BYTES / 8), Q6_K_BYTES / 8);
+                    Self::half::<0, NA>(wb, j, d.0, a, &mut lo);
+                });
+                Self::chunks(t, w, |wb, j, d, a| {
+                    Self::half::<1, NA>(wb, j, d.1, a, &mut hi)
+                });
             }
-            for (r, acc) in acc.iter().enumerate() {
-                store(*acc, t.out.add(r * t.out_stride + row0), n_rows);
+            for r in 0..NA {
+                store((lo[r], hi[r]), t.out.add(r * t.out_stride + row0), n_rows);
             }
         }
     }
