@@ -354,43 +354,25 @@ unsafe fn six_scales<const H: usize>(sc: *const u8) -> [__m256i; 3] {
     unsafe {
         let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.cast()));
         let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.add(GROUP).cast()));
-        let half = |a, b| {
-            if H == 0 {
-                _mm256_unpacklo_epi16(a, b)
-            } else {
-                _mm256_unpackhi_epi16(a, b)
-            }
+        // No closure: it would not inherit the target features.
+        let (x0, x1, x01) = if H == 0 {
+            (
+                _mm256_unpacklo_epi16(s0, s0),
+                _mm256_unpacklo_epi16(s1, s1),
+                _mm256_unpacklo_epi16(s0, s1),
+            )
+        } else {
+            (
+                _mm256_unpackhi_epi16(s0, s0),
+                _mm256_unpackhi_epi16(s1, s1),
+                _mm256_unpackhi_epi16(s0, s1),
+            )
         };
-        [
-            half(s0, s0),
-            half(s1, s1),
-            _mm256_slli_epi16(half(s0, s1), 5),
-        ]
+        [x0, x1, _mm256_slli_epi16(x01, 5)]
     }
 }
 
 impl A8Q6K {
-    /// `f(group-block, chunk j, its d in the kernels' row order, the rows' A8 blocks of
-    /// chunk j)` for every chunk of the group at `w`, in column order.
-    #[inline(always)]
-    unsafe fn chunks<const NA: usize>(
-        t: &Tile,
-        w: *const u8,
-        mut f: impl FnMut(*const u8, usize, F2, &[*const u8; NA]),
-    ) {
-        unsafe {
-            for b in 0..t.nb {
-                let wb = w.add(b * Q6_K_BYTES);
-                let d = perm(L::f16(wb));
-                for j in 0..8 {
-                    let a: [*const u8; NA] =
-                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
-                    f(wb, j, d, &a);
-                }
-            }
-        }
-    }
-
     /// Half `H` of chunk `j` of the group-block at `wb` (scales `d` in the half's row order)
     /// against the `NA` A8 blocks `a[r]`: `acc[r] +` each row's dot.
     #[inline(always)]
@@ -409,15 +391,17 @@ impl A8Q6K {
                 let (lo0, hi0) = six_bits::<H>(qs, 2 * kp);
                 let (lo1, hi1) = six_bits::<H>(qs, 2 * kp + 1);
                 for (s, &a) in sumi.iter_mut().zip(a) {
-                    let q = |c: usize| bcst(a.add(A8_QS + c + 8 * kp));
+                    // Columns `8 kp..` of the block (no closure: it would not inherit the
+                    // target features).
+                    let q = a.add(A8_QS + 8 * kp);
                     // Six-bit weights: two products a lane each, two `vpmaddubsw` a widening.
                     let t0 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(lo0, q(0)),
-                        _mm256_maddubs_epi16(lo1, q(4)),
+                        _mm256_maddubs_epi16(lo0, bcst(q)),
+                        _mm256_maddubs_epi16(lo1, bcst(q.add(4))),
                     );
                     let t1 = _mm256_add_epi16(
-                        _mm256_maddubs_epi16(hi0, q(16)),
-                        _mm256_maddubs_epi16(hi1, q(20)),
+                        _mm256_maddubs_epi16(hi0, bcst(q.add(16))),
+                        _mm256_maddubs_epi16(hi1, bcst(q.add(20))),
                     );
                     *s = _mm256_add_epi32(*s, _mm256_madd_epi16(t0, sc0));
                     *s = _mm256_add_epi32(*s, _mm256_madd_epi16(t1, sc1));
@@ -431,6 +415,12 @@ impl A8Q6K {
             }
         }
     }
+}
+
+/// The A8 blocks of column block `i` of the `NA` activation rows at `t.a`.
+#[inline(always)]
+unsafe fn act_blocks<const NA: usize>(t: &Tile, i: usize) -> [*const u8; NA] {
+    unsafe { std::array::from_fn(|r| t.a.add(r * t.a_stride + i * A8_BYTES)) }
 }
 
 impl GroupA8 for A8Q6K {
@@ -447,20 +437,28 @@ impl GroupA8 for A8Q6K {
             let n_rows = (t.n_w - row0).min(GROUP);
             let mut lo = [_mm256_setzero_ps(); NA];
             let mut hi = [_mm256_setzero_ps(); NA];
-            if NA <= 2 {
-                Self::chunks(t, w, |wb, j, d, a| {
+            // No closures for the two orders: they would not inherit the target features.
+            for b in 0..t.nb {
+                let wb = w.add(b * Q6_K_BYTES);
+                let d = perm(L::f16(wb));
+                for j in 0..8 {
                     prefetch_ahead(wb.add(j * Q6_K_BYTES / 8), Q6_K_BYTES / 8);
-                    Self::half::<0, NA>(wb, j, d.0, a, &mut lo);
-                    Self::half::<1, NA>(wb, j, d.1, a, &mut hi);
-                });
-            } else {
-                Self::chunks(t, w, |wb, j, d, a| {
-                    prefetch_ahead(wb.add(j * Q6_K_BYTES / 8), Q6_K_BYTES / 8);
-                    Self::half::<0, NA>(wb, j, d.0, a, &mut lo);
-                });
-                Self::chunks(t, w, |wb, j, d, a| {
-                    Self::half::<1, NA>(wb, j, d.1, a, &mut hi)
-                });
+                    let a = act_blocks::<NA>(t, 8 * b + j);
+                    Self::half::<0, NA>(wb, j, d.0, &a, &mut lo);
+                    if NA <= 2 {
+                        Self::half::<1, NA>(wb, j, d.1, &a, &mut hi);
+                    }
+                }
+            }
+            if NA > 2 {
+                for b in 0..t.nb {
+                    let wb = w.add(b * Q6_K_BYTES);
+                    let d = perm(L::f16(wb));
+                    for j in 0..8 {
+                        let a = act_blocks::<NA>(t, 8 * b + j);
+                        Self::half::<1, NA>(wb, j, d.1, &a, &mut hi);
+                    }
+                }
             }
             for r in 0..NA {
                 store((lo[r], hi[r]), t.out.add(r * t.out_stride + row0), n_rows);
