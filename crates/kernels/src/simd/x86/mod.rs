@@ -37,4 +37,5 @@ pub mod quantize;
 pub mod rows16;
 pub mod rows16_a8;
 pub mod rows16_a8_avx2;
+pub mod rows16_q8_avx2;
 pub mod tiers;

@@ -10,17 +10,20 @@
 
 use super::attn::{F32s, F32x8, F32x16};
 use super::common::{Avx512Vnni, AvxVnni, Maddubs};
-use super::{a16, amx, attn, kquants, q32, quantize, rows16, rows16_a8, rows16_a8_avx2};
+use super::{
+    a16, amx, attn, kquants, q32, quantize, rows16, rows16_a8, rows16_a8_avx2, rows16_q8_avx2,
+};
 use crate::quant::GgmlType;
 use crate::simd::attn::{AccRows, AttnTile, DotRows};
 use crate::simd::{MAX_ROWS, TierFns, Tile, scalar};
 
 /// Defines module `$tier` of entry points compiled with `$features`, using `$mul_sum` for the
 /// integer dots and f32 vectors `$f32s` for attention (`$kv` vectors per key tile, `$rows` query
-/// rows per pipelined block, steps of up to `$one` rows in one block), and `$a8()` the table of
-/// its Rows16 kernels against A8 activations.
+/// rows per pipelined block, steps of up to `$one` rows in one block), `$a8()` the table of
+/// its Rows16 kernels against A8 activations, and `$q8_0` a Rows16 Q8_0 kernel against A16
+/// in place of the generic one, if any ([`rows16_q8_avx2`] on the `avx2` tier).
 macro_rules! tier {
-    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $one:literal, $a8:path) => {
+    ($tier:ident, $features:literal, $mul_sum:ty, $lanes16:ty, $f32s:ty, $kv:literal, $rows:literal, $one:literal, $a8:path, $q8_0:expr) => {
         #[allow(non_snake_case)]
         pub mod $tier {
             use super::*;
@@ -255,6 +258,9 @@ macro_rules! tier {
                 set(GgmlType::Q4_1, q4_1_rows16);
                 set(GgmlType::Q5_0, q5_0_rows16);
                 set(GgmlType::Q8_0, q8_0_rows16);
+                if let Some(f) = $q8_0 {
+                    set(GgmlType::Q8_0, f);
+                }
                 set(GgmlType::Q4_K, q4_K_rows16);
                 set(GgmlType::Q6_K, q6_K_rows16);
                 t.quantize_a16 = quantize_a16;
@@ -290,7 +296,8 @@ tier!(
     2,
     2,
     3,
-    rows16_a8_avx2::table
+    rows16_a8_avx2::table,
+    Some(rows16_q8_avx2::q8_0)
 );
 tier!(
     avx_vnni,
@@ -301,7 +308,8 @@ tier!(
     2,
     2,
     3,
-    rows16_a8_avx2::table
+    rows16_a8_avx2::table,
+    None
 );
 tier!(
     avx512_vnni,
@@ -312,7 +320,8 @@ tier!(
     1,
     4,
     4,
-    rows16_a8::table
+    rows16_a8::table,
+    None
 );
 
 /// The AMX tier: the AVX-512 VNNI tier's kernels, plus the AMX int8 matmul of Rows16 weights
