@@ -211,11 +211,14 @@ unsafe fn store(acc: F2, out: *mut f32, n: usize) {
     unsafe { L::store(perm(acc), out, n) }
 }
 
+/// The A8 blocks of column block `i` of the `NA` activation rows at `t.a`.
+#[inline(always)]
+unsafe fn act_blocks<const NA: usize>(t: &Tile, i: usize) -> [*const u8; NA] {
+    unsafe { std::array::from_fn(|r| t.a.add(r * t.a_stride + i * A8_BYTES)) }
+}
+
 /// A format's kernel of one group × `NA` activation rows.
 trait GroupA8 {
-    /// The most activation rows one pass over a group takes (more are split into passes):
-    /// a format whose accumulators outgrow the 16 registers takes fewer.
-    const PASS: usize = MAX_ROWS_16;
     unsafe fn group<const NA: usize>(t: &Tile, w: *const u8, row0: usize);
 }
 
@@ -236,8 +239,7 @@ impl<F: Fmt16> GroupA8 for F {
             for b in 0..t.nb {
                 let wb = w.add(b * F::BYTES);
                 prefetch_ahead(wb, F::BYTES);
-                let a: [*const u8; NA] =
-                    std::array::from_fn(|j| t.a.add(j * t.a_stride + b * A8_BYTES));
+                let a = act_blocks::<NA>(t, b);
                 let sumi = if F::HBITS {
                     nibble_sums::<true, NA>(wb.add(F::QS), &a)
                 } else {
@@ -282,8 +284,7 @@ impl GroupA8 for A8Q4K {
                 for j in 0..8 {
                     // An eighth of the group-block per sub-block, as the A16 kernel.
                     prefetch_ahead(wb.add(j * bytes / 8), bytes / 8);
-                    let a: [*const u8; NA] =
-                        std::array::from_fn(|r| t.a.add(r * t.a_stride + (8 * b + j) * A8_BYTES));
+                    let a = act_blocks::<NA>(t, 8 * b + j);
                     let sumi = nibble_sums::<false, NA>(wb.add(qs0 + j * Q4_K_SUB_BYTES), &a);
                     let (dsc, dm) = k4_scales::<L>(wb, j);
                     let (dsc, dm) = (perm(dsc), perm(dm));
@@ -417,17 +418,7 @@ impl A8Q6K {
     }
 }
 
-/// The A8 blocks of column block `i` of the `NA` activation rows at `t.a`.
-#[inline(always)]
-unsafe fn act_blocks<const NA: usize>(t: &Tile, i: usize) -> [*const u8; NA] {
-    unsafe { std::array::from_fn(|r| t.a.add(r * t.a_stride + i * A8_BYTES)) }
-}
-
 impl GroupA8 for A8Q6K {
-    /// Eight rows a pass: a half holds eight i32 sums and the four weight registers of two
-    /// chunk pairs (the f32 sums wait in memory between chunks).
-    const PASS: usize = 8;
-
     /// Up to two rows take both halves of a chunk before the next: a decode step streams the
     /// weights once. More rows run one half of the group's rows over all its columns, then
     /// the other (reading the group again from cache), which keeps fewer sums in registers.
@@ -471,7 +462,7 @@ impl GroupA8 for A8Q6K {
 const _: () = assert!(MAX_ROWS_16 == 8);
 
 /// A whole tile of Rows16 weights (`t.w_stride` the bytes of a group) against A8 rows,
-/// `1 <= t.n_a <= MAX_ROWS_16`, in passes of up to `G::PASS` rows over each group.
+/// `1 <= t.n_a <= MAX_ROWS_16`, all of them in one pass over each group.
 #[inline(always)]
 unsafe fn tile<G: GroupA8>(t: &Tile) {
     unsafe {
@@ -479,26 +470,15 @@ unsafe fn tile<G: GroupA8>(t: &Tile) {
         let mut row0 = 0;
         while row0 < t.n_w {
             let w = t.w.add(row0 / GROUP * t.w_stride);
-            let mut j0 = 0;
-            while j0 < t.n_a {
-                let n = (t.n_a - j0).min(G::PASS);
-                let t = &Tile {
-                    a: t.a.add(j0 * t.a_stride),
-                    out: t.out.add(j0 * t.out_stride),
-                    n_a: n,
-                    ..*t
-                };
-                match n {
-                    1 => G::group::<1>(t, w, row0),
-                    2 => G::group::<2>(t, w, row0),
-                    3 => G::group::<3>(t, w, row0),
-                    4 => G::group::<4>(t, w, row0),
-                    5 => G::group::<5>(t, w, row0),
-                    6 => G::group::<6>(t, w, row0),
-                    7 => G::group::<7>(t, w, row0),
-                    _ => G::group::<8>(t, w, row0),
-                }
-                j0 += n;
+            match t.n_a {
+                1 => G::group::<1>(t, w, row0),
+                2 => G::group::<2>(t, w, row0),
+                3 => G::group::<3>(t, w, row0),
+                4 => G::group::<4>(t, w, row0),
+                5 => G::group::<5>(t, w, row0),
+                6 => G::group::<6>(t, w, row0),
+                7 => G::group::<7>(t, w, row0),
+                _ => G::group::<8>(t, w, row0),
             }
             row0 += GROUP;
         }

@@ -21,7 +21,7 @@
 
 use std::arch::x86_64::*;
 
-use super::rows16::{Fmt16, R16Q8_0, prefetch_ahead};
+use super::rows16::{Fmt16, Lanes16, MaddAdd, R16Q8_0, Y256, prefetch_ahead};
 use crate::quant::rows16::GROUP;
 use crate::simd::{MAX_ROWS_16, Tile};
 
@@ -29,6 +29,8 @@ use crate::simd::{MAX_ROWS_16, Tile};
 const A16_QS: usize = 8;
 /// Bytes of an A16 block.
 const A16_BYTES: usize = crate::quant::A16_BYTES;
+/// The generic kernel's 256-bit lanes, for the block scales and the stores.
+type L = Y256<MaddAdd>;
 
 /// One group (16 weight rows from `row0`, the first `t.n_w - row0` real) against `NA <= 4`
 /// activation rows: per row two i32 sums (rows 0..8 and 8..16) a block, one broadcast of
@@ -56,8 +58,7 @@ unsafe fn group<const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
                     s1[r] = _mm256_add_epi32(s1[r], _mm256_madd_epi16(w1, p));
                 }
             }
-            let d0 = _mm256_cvtph_ps(_mm_loadu_si128(wb.cast()));
-            let d1 = _mm256_cvtph_ps(_mm_loadu_si128(wb.add(16).cast()));
+            let (d0, d1) = L::f16(wb);
             for r in 0..NA {
                 let da = _mm256_set1_ps(a[r].cast::<f32>().read_unaligned());
                 lo[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[r]), _mm256_mul_ps(d0, da), lo[r]);
@@ -65,16 +66,7 @@ unsafe fn group<const NA: usize>(t: &Tile, w: *const u8, row0: usize) {
             }
         }
         for r in 0..NA {
-            let out = t.out.add(r * t.out_stride + row0);
-            if n_rows == GROUP {
-                _mm256_storeu_ps(out, lo[r]);
-                _mm256_storeu_ps(out.add(8), hi[r]);
-            } else {
-                let mut o = [0f32; GROUP];
-                _mm256_storeu_ps(o.as_mut_ptr(), lo[r]);
-                _mm256_storeu_ps(o.as_mut_ptr().add(8), hi[r]);
-                std::ptr::copy_nonoverlapping(o.as_ptr(), out, n_rows);
-            }
+            L::store((lo[r], hi[r]), t.out.add(r * t.out_stride + row0), n_rows);
         }
     }
 }
